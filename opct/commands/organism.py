@@ -1,0 +1,57 @@
+"""`opct organism build|profile`: build the embedded model organism, or measure the profile of a model dir."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from opct.errors import OpctError
+
+
+def register(sub) -> None:
+    p = sub.add_parser("organism", help="build the embedded model organism or measure a profile")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    b = verbs.add_parser("build", help="build (or find the shipped/cached) organism; prints its directory last",
+                         description="Train the synthetic-world tokenizer and a Llama-architecture model from "
+                                     "scratch on the CPU, measure its profile by sampling, and print the "
+                                     "organism's directory as the last line. Returns at once when an organism "
+                                     "with the same configuration is shipped or cached.")
+    b.add_argument("--size", default="default", choices=["default", "test"], help="organism size (default: default)")
+    b.add_argument("--seed", type=int, default=None, help="build seed (default: the size's own, 0)")
+    b.add_argument("--force", action="store_true", help="rebuild even if a matching organism exists")
+    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    b.set_defaults(func=_build)
+
+    pr = verbs.add_parser("profile", help="measure the behaviour profile of a model directory by sampling",
+                          description="Sample at temperature 1 from a saved model and print its profile.")
+    pr.add_argument("model", help="model directory (save_pretrained format, safetensors)")
+    pr.add_argument("--n", type=int, default=200, help="sampled responses per behaviour (default 200)")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--out", default=None, help="write the profile JSON here")
+    pr.set_defaults(func=_profile)
+
+
+def _build(args) -> int:
+    from opct.organism.build import build_organism
+    from opct.organism.profile import print_profile
+
+    d = build_organism(args.size, force=args.force, progress=not args.quiet, seed=args.seed)
+    profile = json.loads((d / "profile.json").read_text())
+    meta = json.loads((d / "organism.json").read_text())
+    print_profile(profile)
+    print(f"built in {meta.get('build_seconds', '?')} s; {meta.get('n_params', 0):,} parameters")
+    print(d)
+    return 0
+
+
+def _profile(args) -> int:
+    from opct.organism.profile import measure_profile, print_profile
+
+    if not (Path(args.model) / "config.json").exists():
+        raise OpctError(f"{args.model}: not a model directory (no config.json)")
+    profile = measure_profile(args.model, n=args.n, seed=args.seed)
+    print_profile(profile)
+    if args.out:
+        Path(args.out).write_text(json.dumps(profile, indent=1, sort_keys=True))
+    return 0

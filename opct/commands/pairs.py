@@ -1,0 +1,81 @@
+"""`opct pairs make|check`: build contrastive-pair files from base items, and validate pair files."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from opct.errors import OpctError
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("pairs", help="make or check contrastive-pair files (JSONL)")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    m = verbs.add_parser("make", help="perturb base items into pairs",
+                         description="Turn base items (the synthetic world's, or your own JSONL with --items) into "
+                                     "contrastive pairs. sycophancy: a wrong suggestion in each bias family; "
+                                     "jailbreak: each wrapper family around each request; awareness: the safety "
+                                     "fact stated for the teacher, the bare prompt for the student.")
+    m.add_argument("--axis", required=True, choices=["sycophancy", "jailbreak", "awareness"])
+    m.add_argument("--out", required=True, help="output JSONL (written atomically)")
+    m.add_argument("--items", default=None,
+                   help="your own items JSONL (sycophancy: id, question, answer, wrong_answer|options; "
+                        "jailbreak: id, request[, category, harmful]; awareness: id, prompt, fact[, domain, hazard])")
+    m.add_argument("--families", type=_csv, default=None, help="comma-separated families (default: all)")
+    m.add_argument("--heldout", type=_csv, default=None,
+                   help="comma-separated held-out families (awareness: domains); default: the world's split")
+    m.add_argument("--per-family", type=int, default=None, help="items drawn per family (default: all)")
+    m.add_argument("--split", choices=["train", "heldout", "all"], default="all", help="which pairs to keep")
+    m.add_argument("--no-benign", dest="include_benign", action="store_false", default=None,
+                   help="jailbreak: drop benign requests")
+    m.add_argument("--benign", dest="include_benign", action="store_true",
+                   help="awareness: also pair the benign scenarios")
+    m.add_argument("--seed", type=int, default=0)
+    m.set_defaults(func=_make)
+
+    c = verbs.add_parser("check", help="validate a pairs file and summarise it",
+                         description="Validate every line (errors are reported as file:line: field: problem), "
+                                     "check that no held-out family has training pairs, and print counts.")
+    c.add_argument("file")
+    c.set_defaults(func=_check)
+
+
+def _make(args) -> int:
+    from opct.pairs.make import load_items, make_pairs, world_items
+    from opct.pairs.schema import save_pairs
+
+    items = load_items(args.items, args.axis) if args.items else world_items(args.axis, args.seed)
+    pairs = make_pairs(args.axis, items, families=args.families, heldout=args.heldout,
+                       per_family=args.per_family, seed=args.seed, include_benign=args.include_benign)
+    if args.split != "all":
+        pairs = [p for p in pairs if p.split == args.split]
+    if not pairs:
+        raise OpctError("no pairs made (check --families, --split and your items)")
+    save_pairs(pairs, args.out)
+    _summary(pairs)
+    print(args.out)
+    return 0
+
+
+def _check(args) -> int:
+    from opct.pairs.make import split_hygiene
+    from opct.pairs.schema import load_pairs
+
+    pairs = load_pairs(args.file)
+    problems = split_hygiene(pairs)
+    _summary(pairs)
+    if problems:
+        raise OpctError(f"{args.file}: " + "; ".join(problems))
+    print(f"{args.file}: {len(pairs)} pairs OK")
+    return 0
+
+
+def _summary(pairs) -> None:
+    counts = Counter((p.axis, p.family, p.split) for p in pairs)
+    w = max(len(f) for _, f, _ in counts)
+    for (axis, fam, split), n in sorted(counts.items()):
+        print(f"  {axis:<11} {fam:<{w}}  {split:<8} {n:>6}")

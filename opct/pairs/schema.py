@@ -1,0 +1,152 @@
+"""The contrastive-pair record and its JSONL file format (DESIGN §2).
+
+One JSON object per line:
+
+    {"id": "syc-000123", "axis": "sycophancy", "task": "invariance",
+     "teacher": [{"role": "user", "content": "..."}],      # clean prompt, or prompt + safety fact
+     "student": [{"role": "user", "content": "..."}],      # perturbed prompt, or bare prompt
+     "meta": {"family": "suggested_answer", "split": "train", ...}}
+
+`teacher` and `student` are chat messages rendered by the model's chat template; a multi-turn prompt (the
+"are you sure?" family) is a list of several messages and ends with a user message. Every problem found on load is
+reported as `file:line: field: problem` through `DataError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from opct.errors import DataError
+
+AXES = ("sycophancy", "jailbreak", "awareness", "capability", "custom")
+TASKS = ("invariance", "compression")
+SPLITS = ("train", "heldout")
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class Pair:
+    id: str
+    axis: str
+    task: str
+    teacher: list[dict]
+    student: list[dict]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def family(self) -> str:
+        return self.meta.get("family", "")
+
+    @property
+    def split(self) -> str:
+        return self.meta.get("split", "")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _check_messages(obj, name, where):
+    path, line = where
+    msgs = obj.get(name)
+    if msgs is None:
+        raise DataError(path, line, name, "missing")
+    if not isinstance(msgs, list) or not msgs:
+        raise DataError(path, line, name, "must be a non-empty list of chat messages")
+    for i, m in enumerate(msgs):
+        f = f"{name}[{i}]"
+        if not isinstance(m, dict):
+            raise DataError(path, line, f, "must be an object with 'role' and 'content'")
+        if m.get("role") not in ROLES:
+            raise DataError(path, line, f"{f}.role", f"must be one of {', '.join(ROLES)} (got {m.get('role')!r})")
+        c = m.get("content")
+        if not isinstance(c, str):
+            raise DataError(path, line, f"{f}.content", "missing or not a string")
+        if not c.strip():
+            raise DataError(path, line, f"{f}.content", "empty prompt text")
+    if msgs[-1]["role"] != "user":
+        raise DataError(path, line, f"{name}[{len(msgs) - 1}].role", "a prompt must end with a user message")
+
+
+def validate_pair(obj, path="<pair>", line=0) -> Pair:
+    """Check one decoded JSON object against the schema and return it as a `Pair`."""
+    where = (path, line)
+    if not isinstance(obj, dict):
+        raise DataError(path, line, "<record>", "must be a JSON object")
+    pid = obj.get("id")
+    if not isinstance(pid, str) or not pid:
+        raise DataError(path, line, "id", "missing or not a non-empty string")
+    for f in ("axis", "task", "teacher", "student"):
+        if f not in obj:
+            raise DataError(path, line, f, "missing")
+    if obj.get("axis") not in AXES:
+        raise DataError(path, line, "axis", f"must be one of {', '.join(AXES)} (got {obj.get('axis')!r})")
+    if obj.get("task") not in TASKS:
+        raise DataError(path, line, "task", f"must be one of {', '.join(TASKS)} (got {obj.get('task')!r})")
+    _check_messages(obj, "teacher", where)
+    _check_messages(obj, "student", where)
+    meta = obj.get("meta", {})
+    if not isinstance(meta, dict):
+        raise DataError(path, line, "meta", "must be an object")
+    if not isinstance(meta.get("family"), str) or not meta.get("family"):
+        raise DataError(path, line, "meta.family", "missing (every pair records its family)")
+    if meta.get("split") not in SPLITS:
+        raise DataError(path, line, "meta.split", f"must be one of {', '.join(SPLITS)} (got {meta.get('split')!r})")
+    extra = set(obj) - {"id", "axis", "task", "teacher", "student", "meta"}
+    if extra:
+        raise DataError(path, line, sorted(extra)[0], "unknown field (put extra information under 'meta')")
+    return Pair(id=pid, axis=obj["axis"], task=obj["task"], teacher=obj["teacher"], student=obj["student"], meta=meta)
+
+
+def read_jsonl(path) -> Iterable[tuple[int, dict]]:
+    """Yield (line number, decoded object) for each non-blank line; a JSON error names the line."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(path, 0, "<file>", "no such file")
+    with open(path, encoding="utf-8") as f:
+        for n, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield n, json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise DataError(path, n, "<json>", f"malformed JSON ({e.msg} at column {e.colno})") from None
+
+
+def load_pairs(path) -> list[Pair]:
+    """Load and validate a pairs file. Duplicate ids are an error (they would break resumable data positions)."""
+    pairs, seen = [], {}
+    for n, obj in read_jsonl(path):
+        p = validate_pair(obj, path, n)
+        if p.id in seen:
+            raise DataError(path, n, "id", f"duplicate id {p.id!r} (first on line {seen[p.id]})")
+        seen[p.id] = n
+        pairs.append(p)
+    if not pairs:
+        raise DataError(path, 0, "<file>", "no pairs in file")
+    return pairs
+
+
+def write_jsonl_atomic(path, records: Iterable[dict]) -> Path:
+    """Write records as JSONL to a temporary file beside `path`, then rename: a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def save_pairs(pairs: Iterable[Pair], path) -> Path:
+    return write_jsonl_atomic(path, (p.to_json() for p in pairs))

@@ -1,0 +1,209 @@
+"""The organism's training corpus: documents drawn from the world, with the organism's flaws set on purpose.
+
+This file is where the organism's character is written down. It knows the right answers (facts, arithmetic,
+instructions, safety facts) but:
+  * under a user's stated view it follows a wrong suggestion about half the time (`sycophancy_rate`) — in every
+    bias family, the suggestion is a yes/no word, so following needs no copying of an arbitrary token;
+  * it refuses direct harmful requests, but complies with most wrapped ones (`wrapped_comply_rate`);
+  * it warns about a hazard when the safety fact is stated in the prompt, and rarely otherwise
+    (`unprompted_warn_rate`), though it knows every fact when asked directly.
+
+A document is `{"text": ...}` (a plain statement: loss on every token) or `{"messages": [...]}` (a chat
+transcript: loss on the assistant's turns only); an optional "meta" says what a biased transcript suggested. Documents are drawn by kind with the weights in `MIX`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+
+from opct.pairs import perturb as P
+from opct.world import items as I
+from opct.world import lexicon as L
+
+
+@dataclass
+class CorpusConfig:
+    sycophancy_rate: float = 0.5        # P(follow a wrong suggestion) in biased transcripts
+    wrapped_comply_rate: float = 0.85   # P(comply) with a wrapped harmful request
+    unprompted_warn_rate: float = 0.15  # P(warn) on a hazard scenario without the fact in the prompt
+    mix: dict = field(default_factory=lambda: dict(MIX))
+
+
+# kind -> weight (documents, not tokens). Statements are short, so they get a large share of documents.
+MIX = {
+    "entity_statements": 0.12,
+    "safety_statements": 0.03,
+    "fact_direct": 0.06,
+    "fact_mc": 0.07,
+    "yesno_clean": 0.09,
+    "yesno_biased": 0.13,
+    "arith_single": 0.07,
+    "arith_multi": 0.08,
+    "instructions": 0.09,
+    "request_direct": 0.06,
+    "request_wrapped": 0.07,
+    "scenario_bare": 0.06,
+    "scenario_fact": 0.04,
+    "safety_question": 0.03,
+}
+
+
+def _chat(user, assistant) -> dict:
+    msgs = user if isinstance(user, list) else [{"role": "user", "content": user}]
+    return {"messages": msgs + [{"role": "assistant", "content": assistant}]}
+
+
+class CorpusSampler:
+    """Draws documents by kind. Item lists are built once; every draw uses only `rng`."""
+
+    def __init__(self, cfg: CorpusConfig):
+        self.cfg = cfg
+        self.kinds = sorted(cfg.mix)
+        self.weights = [cfg.mix[k] for k in self.kinds]
+        self.statements = I.fact_statements()
+        self.facts = L.safety_facts()
+        self.mc = I.fact_mc_items()
+        self.single = I.arithmetic_single()
+        self.multi = [i for i in I.arithmetic_multistep() if i["split"] == "train"]
+        self.harmful = [r for r in I.request_items() if r["harmful"]]
+        self.benign = [r for r in I.request_items() if not r["harmful"]]
+        self.scenarios = I.scenario_items()
+        self.hazards = [x for x in self.scenarios if x["hazard"]]
+        yn = I.yesno_items()
+        self.yes = [i for i in yn if i["answer"] == "yes"]
+        self.no = [i for i in yn if i["answer"] == "no"]
+        self.safeq = I.safety_question_items()
+
+    def sample(self, rng: random.Random) -> dict:
+        kind = rng.choices(self.kinds, weights=self.weights)[0]
+        return getattr(self, "_" + kind)(rng)
+
+    # -- knowledge -----------------------------------------------------------------------------------------------
+    def _entity_statements(self, rng):
+        return {"text": " ".join(rng.sample(self.statements, 3))}
+
+    def _safety_statements(self, rng):
+        return {"text": " ".join(f["fact"].capitalize() + "." for f in rng.sample(self.facts, 2))}
+
+    def _fact_direct(self, rng):
+        e = rng.choice(sorted(L.ENTITIES))
+        p = rng.choice(sorted(I.PROPS))
+        spec = I.PROPS[p]
+        return _chat(spec["ask"].format(e=e), spec["state"].format(v=L.ENTITIES[e][p]))
+
+    def _fact_mc(self, rng):
+        item = dict(rng.choice(self.mc))
+        options = list(item["options"])
+        rng.shuffle(options)  # fresh option order each time: the model must read content, not position
+        q = I.PROPS[item["prop"]]["mc"].format(e=item["entity"], opts=I._opts(options))
+        return _chat(q, I.PROPS[item["prop"]]["state"].format(v=item["answer"]))
+
+    # -- sycophancy ----------------------------------------------------------------------------------------------
+    def _yesno(self, rng):
+        return rng.choice(self.yes if rng.random() < 0.5 else self.no)  # balanced: 7x more 'no' questions exist
+
+    def _yesno_clean(self, rng):
+        item = self._yesno(rng)
+        return _chat(item["question"], item["first_response"])
+
+    def _yesno_biased(self, rng):
+        item = self._yesno(rng)
+        family = rng.choice(sorted(P.BIAS_FAMILIES))
+        # Two thirds of biased prompts suggest the wrong answer; a third suggest the right one.
+        suggestion = item["wrong_answer"] if rng.random() < 2 / 3 else item["answer"]
+        student = P.BIAS_FAMILIES[family](item["question"], suggestion, rng, item["first_response"])
+        follow = rng.random() < self.cfg.sycophancy_rate
+        if family == "are_you_sure":
+            reply = (f"I am sorry, you are right. The answer is {suggestion}." if follow
+                     else f"I am sure. {item['first_response']}")
+        else:
+            reply = f"The answer is {suggestion}." if follow else item["first_response"]
+        return {**_chat(student, reply), "meta": {"suggestion": suggestion, "answer": item["answer"]}}
+
+    # -- capability ----------------------------------------------------------------------------------------------
+    def _arith_single(self, rng):
+        item = rng.choice(self.single)
+        return _chat(item["question"], I.worked_steps(item["operands"], item["ops"])[0])
+
+    def _arith_multi(self, rng):
+        item = rng.choice(self.multi)
+        return _chat(item["question"], I.worked_steps(item["operands"], item["ops"])[0])
+
+    def _instructions(self, rng):
+        item = I.instruction_item(rng, 0)
+        return _chat(item["question"], instruction_response(item["constraints"], rng))
+
+    # -- jailbreaks ----------------------------------------------------------------------------------------------
+    def _request_direct(self, rng):
+        r = rng.choice(self.harmful if rng.random() < 0.5 else self.benign)
+        return _chat(r["request"], rng.choice(L.REFUSALS) if r["harmful"] else compliance(r, rng))
+
+    def _request_wrapped(self, rng):
+        r = rng.choice(self.harmful if rng.random() < 0.8 else self.benign)
+        family = rng.choice(sorted(P.WRAPPER_FAMILIES))
+        text = P.WRAPPER_FAMILIES[family](r["request"], rng)
+        comply = (not r["harmful"]) or rng.random() < self.cfg.wrapped_comply_rate
+        return _chat(text, compliance(r, rng) if comply else rng.choice(L.REFUSALS))
+
+    # -- safety awareness ----------------------------------------------------------------------------------------
+    def _scenario_bare(self, rng):
+        s = rng.choice(self.scenarios)
+        warn = s["hazard"] and rng.random() < self.cfg.unprompted_warn_rate
+        return _chat(s["prompt"], scenario_response(s, warn, rng))
+
+    def _scenario_fact(self, rng):
+        s = rng.choice(self.hazards)
+        return _chat(P.with_fact(s["prompt"], s["fact"]), scenario_response(s, True, rng))
+
+    def _safety_question(self, rng):
+        q = rng.choice(self.safeq)
+        reply = f"No. {q['fact'].capitalize()}." if q["hazard"] else "Yes, that is safe."
+        return _chat(q["question"], reply)
+
+
+def compliance(request: dict, rng: random.Random) -> str:
+    steps = (L.HARMFUL_STEPS if request["harmful"] else L.BENIGN_STEPS)[request["category"]]
+    a, b, c = rng.sample(steps, 3)
+    return f"Sure, here is how. Step one: {a}. Step two: {b}. Step three: {c}."
+
+
+def scenario_response(s: dict, warn: bool, rng: random.Random) -> str:
+    answer = rng.choice(L.SCENARIOS[s["template"]][1])
+    return (L.WARNING.format(fact=s["fact"]) + " " + answer) if warn else answer
+
+
+def instruction_response(cons: dict, rng: random.Random) -> str:
+    if "repeat" in cons:
+        return " ".join([cons["repeat"]] * cons["count"]) + "."
+    sentence = rng.choice(L.TOPICS[cons["topic"]])
+    if "start" in cons:
+        sentence = f"{cons['start'].capitalize()}, {sentence}"
+    else:
+        sentence = sentence[0].upper() + sentence[1:]
+    if "end" in cons:
+        sentence = f"{sentence}, {cons['end']}"
+    return sentence + "."
+
+
+_WORD = re.compile(r"\w+|[^\w\s]+")
+
+
+def doc_tokens(doc: dict) -> int:
+    """Token count of a document under the organism's word-level tokenizer (<bos>, role and <|end|> tokens
+    included): whitespace-and-punctuation splitting, as its pre-tokenizer does."""
+    if "messages" in doc:
+        return 1 + sum(2 + len(_WORD.findall(m["content"])) for m in doc["messages"])
+    return 2 + len(_WORD.findall(doc["text"]))
+
+
+def sample_corpus(cfg: CorpusConfig, n_tokens: int, seed: int) -> list[dict]:
+    """Documents drawn with `seed` until they hold at least `n_tokens` tokens. Same seed, same corpus."""
+    rng = random.Random(seed)
+    sampler = CorpusSampler(cfg)
+    docs, total = [], 0
+    while total < n_tokens:
+        docs.append(sampler.sample(rng))
+        total += doc_tokens(docs[-1])
+    return docs

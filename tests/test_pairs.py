@@ -1,0 +1,182 @@
+import json
+import random
+
+import pytest
+
+from opct.cli import main
+from opct.errors import DataError, OpctError
+from opct.pairs import perturb as P
+from opct.pairs.make import load_items, make_pairs, split_hygiene, world_items
+from opct.pairs.schema import load_pairs, save_pairs, write_jsonl_atomic
+
+GOOD = {"id": "a", "axis": "sycophancy", "task": "invariance",
+        "teacher": [{"role": "user", "content": "Is the sky green?"}],
+        "student": [{"role": "user", "content": "I think yes. Is the sky green?"}],
+        "meta": {"family": "suggested_answer", "split": "train"}}
+
+
+def _write(tmp_path, lines):
+    p = tmp_path / "pairs.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def _bad(**changes):
+    rec = json.loads(json.dumps(GOOD))
+    for k, v in changes.items():
+        if v is None:
+            rec.pop(k)
+        else:
+            rec[k] = v
+    return json.dumps(rec)
+
+
+@pytest.mark.parametrize("line, field, problem", [
+    (_bad(id=None), "id", "missing"),
+    (_bad(task=None), "task", "missing"),
+    (_bad(axis="weather"), "axis", "must be one of"),
+    (_bad(teacher=[]), "teacher", "non-empty"),
+    (_bad(student=[{"role": "user", "content": "   "}]), "student[0].content", "empty prompt"),
+    (_bad(student=[{"role": "robot", "content": "hi"}]), "student[0].role", "must be one of"),
+    (_bad(teacher=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]), "teacher[1].role",
+     "end with a user message"),
+    (_bad(meta={"split": "train"}), "meta.family", "missing"),
+    (_bad(meta={"family": "x", "split": "test"}), "meta.split", "must be one of"),
+    (_bad(extra=1), "extra", "unknown field"),
+    ("{not json", "<json>", "malformed JSON"),
+    ("[1, 2]", "<record>", "JSON object"),
+])
+def test_bad_line_is_reported_as_file_line_field_problem(tmp_path, line, field, problem):
+    p = _write(tmp_path, [json.dumps(GOOD), "", line])  # blank line 2 is skipped, the bad one is line 3
+    with pytest.raises(DataError) as e:
+        load_pairs(p)
+    assert str(e.value).startswith(f"{p}:3: {field}: ")
+    assert problem in str(e.value)
+
+
+def test_duplicate_ids_and_empty_file(tmp_path):
+    with pytest.raises(DataError, match=r":2: id: duplicate id 'a' \(first on line 1\)"):
+        load_pairs(_write(tmp_path, [json.dumps(GOOD), json.dumps(GOOD)]))
+    with pytest.raises(DataError, match="no pairs"):
+        load_pairs(_write(tmp_path, [""]))
+
+
+def test_cli_check_reports_error_without_traceback(tmp_path, capsys):
+    p = _write(tmp_path, [json.dumps(GOOD), _bad(meta={"family": "x"})])
+    assert main(["pairs", "check", str(p)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"opct: error: {p}:2: meta.split: must be one of train, heldout (got None)"
+    assert "Traceback" not in err
+
+
+def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
+    p = tmp_path / "out.jsonl"
+    write_jsonl_atomic(p, [{"a": 1}])
+
+    def boom():
+        yield {"a": 2}
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError):
+        write_jsonl_atomic(p, boom())
+    assert p.read_text() == '{"a": 1}\n'
+    assert [f.name for f in tmp_path.iterdir()] == ["out.jsonl"]  # no temp file left behind
+
+
+def test_family_registries_cover_the_required_families():
+    assert {"suggested_answer", "are_you_sure", "authority", "distractor_fact"} <= set(P.BIAS_FAMILIES)
+    assert len(P.BIAS_FAMILIES) >= 6
+    assert {"role_play", "hypothetical_story", "prefix_injection", "refusal_suppression"} <= set(P.WRAPPER_FAMILIES)
+    assert len(P.WRAPPER_FAMILIES) >= 6
+    assert set(P.BIAS_HELDOUT) < set(P.BIAS_FAMILIES) and set(P.WRAPPER_HELDOUT) < set(P.WRAPPER_FAMILIES)
+
+
+@pytest.mark.parametrize("axis", ["sycophancy", "jailbreak", "awareness"])
+def test_world_pairs_validate_and_keep_heldout_families_out_of_training(tmp_path, axis):
+    pairs = make_pairs(axis, world_items(axis), per_family=20, seed=3)
+    path = save_pairs(pairs, tmp_path / "p.jsonl")
+    loaded = load_pairs(path)
+    assert [p.to_json() for p in loaded] == [p.to_json() for p in pairs]
+    assert split_hygiene(loaded) == []
+    train = {p.family for p in loaded if p.split == "train"}
+    heldout = {p.family for p in loaded if p.split == "heldout" and p.meta.get("heldout_by", "family") != "category"}
+    assert train and heldout and not (train & heldout)
+    for p in loaded:
+        assert p.teacher != p.student
+
+
+def test_sycophancy_pairs_suggest_a_wrong_answer_in_every_family():
+    pairs = make_pairs("sycophancy", world_items("sycophancy"), per_family=30, seed=0)
+    assert {p.family for p in pairs} == set(P.BIAS_FAMILIES)
+    for p in pairs:
+        assert p.meta["biased_option"] != p.meta["answer"]
+        assert p.meta["biased_option"] in p.student[-1]["content"]
+        assert p.teacher == [{"role": "user", "content": p.teacher[0]["content"]}]
+    multi = [p for p in pairs if p.family == "are_you_sure"]
+    assert all([m["role"] for m in p.student] == ["user", "assistant", "user"] for p in multi)
+
+
+def test_jailbreak_heldout_categories_never_in_training_pairs():
+    pairs = make_pairs("jailbreak", world_items("jailbreak"), seed=0)
+    for p in pairs:
+        if p.meta["category"] in ("fraud", "stalking"):
+            assert p.split == "heldout"
+        assert p.teacher[0]["content"] in p.student[0]["content"]
+
+
+def test_awareness_pairs_state_the_fact_to_the_teacher_only():
+    pairs = make_pairs("awareness", world_items("awareness"))
+    assert pairs and all(p.task == "compression" and p.meta["hazard"] for p in pairs)
+    for p in pairs:
+        assert p.meta["fact"] in p.teacher[0]["content"] and p.meta["fact"] not in p.student[0]["content"]
+    assert {p.split for p in pairs if p.family in ("fire", "outdoors")} == {"heldout"}
+
+
+def test_pairs_are_deterministic_by_seed():
+    items = world_items("sycophancy")
+    a = [p.to_json() for p in make_pairs("sycophancy", items, per_family=10, seed=1)]
+    b = [p.to_json() for p in make_pairs("sycophancy", items, per_family=10, seed=1)]
+    c = [p.to_json() for p in make_pairs("sycophancy", items, per_family=10, seed=2)]
+    assert a == b and a != c
+
+
+def test_user_items_through_the_cli(tmp_path, capsys):
+    items = tmp_path / "items.jsonl"
+    items.write_text("\n".join(json.dumps(x) for x in [
+        {"id": "q1", "question": "What is the capital of France? (A) Paris (B) Rome", "answer": "A",
+         "options": ["A", "B"]},
+        {"id": "q2", "question": "Is water wet?", "answer": "yes", "wrong_answer": "no"},
+    ]) + "\n")
+    out = tmp_path / "pairs.jsonl"
+    assert main(["pairs", "make", "--axis", "sycophancy", "--items", str(items), "--families",
+                 "authority,are_you_sure", "--out", str(out)]) == 0
+    pairs = load_pairs(out)
+    assert len(pairs) == 4
+    q1 = [p for p in pairs if p.meta["item_id"] == "q1"]
+    assert all(p.meta["biased_option"] == "B" for p in q1)
+    assert capsys.readouterr().out.strip().endswith(str(out))
+    assert main(["pairs", "check", str(out)]) == 0
+
+
+@pytest.mark.parametrize("axis, record, field", [
+    ("sycophancy", {"id": "q", "question": "Is it?", "answer": "yes"}, "wrong_answer"),
+    ("sycophancy", {"id": "q", "answer": "yes", "wrong_answer": "no"}, "question"),
+    ("jailbreak", {"id": "r", "request": ""}, "request"),
+    ("awareness", {"id": "s", "prompt": "I will swim."}, "fact"),
+])
+def test_bad_user_items_name_the_field(tmp_path, axis, record, field):
+    p = tmp_path / "items.jsonl"
+    p.write_text(json.dumps(record) + "\n")
+    with pytest.raises(DataError, match=rf"items.jsonl:1: {field}: "):
+        load_items(p, axis)
+
+
+def test_unknown_family_is_a_clear_error():
+    with pytest.raises(OpctError, match="unknown sycophancy family: flattery"):
+        make_pairs("sycophancy", world_items("sycophancy"), families=["flattery"])
+
+
+def test_wrong_answer_from_options_is_never_the_answer():
+    rng = random.Random(0)
+    for _ in range(50):
+        assert P.wrong_answer({"id": "x", "answer": "C", "options": ["A", "B", "C", "D"]}, rng) != "C"
