@@ -14,6 +14,7 @@ COMMANDS = {
     "organism": "opct.commands.organism",
     "pairs": "opct.commands.pairs",
     "demo": "opct.commands.demo",
+    "train": "opct.commands.train",
 }
 
 

@@ -1,0 +1,243 @@
+"""Benchmark one OPCT optimizer step against TRL's experimental SDFT trainer (a script, not a test).
+
+Same work for both: compression pairs (teacher prompt = student prompt + a safety fact), the same batch (pairs x
+samples), the same response length (EOS is forbidden until the last token, so every response has exactly
+--response-len tokens), the same LoRA adapter, full-vocabulary reverse KL KL(student || teacher) with the frozen
+starting model as teacher (opct: estimator `full`, LoRA teacher = adapters disabled; TRL: distillation_mode
+`full_logits`, distillation_alpha 1.0, teacher_model_kind `base`). Each trainer runs in its own subprocess, one
+after the other, so peak RSS is measured fairly; the first --warmup steps are not timed.
+
+Reported: response tokens trained per second for both and their ratio, peak RSS for both (and RSS after imports,
+before the model is loaded), and opct's achieved FLOP/s against a matmul peak measured in the same run. FLOPs are
+model FLOPs, 2 x (linear-layer parameters) per token per forward pass, backward 2x forward for activations
+(+2x for weights when they are trained); attention score FLOPs are left out, so this is an estimate.
+
+    python bench/opct_step.py [--model DIR] [--steps 4] [--pairs 4] [--samples 2] [--response-len 32]
+
+--model defaults to the shipped default organism (opct/organisms/default) when it exists, otherwise to a tiny
+Llama built on the spot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+# ------------------------------------------------------------------------------------------------ set-up
+
+def default_model(tmp: Path) -> Path:
+    shipped = ROOT / "opct" / "organisms" / "default"
+    if (shipped / "config.json").exists():
+        return shipped
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from opct.organism.tokenizer import train_tokenizer
+
+    tok = train_tokenizer([" ".join(f"w{i}" for i in range(500))])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=352,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                                         max_position_embeddings=256, pad_token_id=tok.pad_token_id,
+                                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    out = tmp / "tiny-model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def make_pairs(model_dir: Path, n: int, prompt_words: int, fact_words: int, path: Path) -> None:
+    """Compression pairs from in-vocabulary words (no <unk>), one per line, every pair the same lengths."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    words = sorted(w for w in tok.get_vocab() if w.isalnum() and w not in tok.all_special_tokens)
+    rng = random.Random(0)
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            prompt = " ".join(rng.choice(words) for _ in range(prompt_words))
+            fact = " ".join(rng.choice(words) for _ in range(fact_words))
+            f.write(json.dumps({"id": f"bench-{i}", "axis": "awareness", "task": "compression",
+                                "teacher": [{"role": "user", "content": f"{prompt} {fact}"}],
+                                "student": [{"role": "user", "content": prompt}],
+                                "meta": {"family": "bench", "split": "train", "prompt": prompt, "fact": fact}}) + "\n")
+
+
+def matmul_peak(n: int = 1024, seconds: float = 1.0) -> float:
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------------------------------------ workers
+
+def worker_opct(a) -> dict:
+    from opct.train.config import TrainConfig
+    from opct.train.loop import train
+
+    base_rss = rss_mb()
+    out = Path(a.tmp) / "opct-run"
+    train(TrainConfig(model=a.model, pairs=a.pairs_file, out=str(out), split="all", estimator="full",
+                      batch_size=a.pairs, n_samples=a.samples, max_new_tokens=a.response_len,
+                      min_new_tokens=a.response_len, max_steps=a.warmup + a.steps, save_every=10 ** 9,
+                      lora_r=a.lora_r, lora_alpha=2.0 * a.lora_r, lr=1e-4, tensorboard=False))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][a.warmup:]
+    return {"step_s": [r["step_time_s"] for r in rows], "tokens": [r["tokens"] for r in rows],
+            "base_rss_mb": base_rss, "peak_rss_mb": rss_mb()}
+
+
+def worker_trl(a) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl.experimental.sdft import SDFTConfig, SDFTTrainer
+
+    base_rss = rss_mb()
+    rows = [json.loads(line) for line in Path(a.pairs_file).read_text().splitlines()]
+    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["meta"]["prompt"]}],
+                             "privileged_context": r["meta"]["fact"]} for r in rows])
+    tok = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    times = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, *args, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *args, **kwargs):
+            times.append(time.perf_counter() - self.t0)
+
+    args = SDFTConfig(
+        output_dir=str(Path(a.tmp) / "trl-run"), per_device_train_batch_size=a.pairs * a.samples,
+        num_generations=a.samples, max_completion_length=a.response_len, max_prompt_length=None,
+        distillation_mode="full_logits", distillation_alpha=1.0, distillation_is_clip=None, teacher_model_kind="base",
+        teacher_prompt_template="{prompt} {privileged_context}", temperature=1.0, top_k=0, top_p=1.0,
+        generation_kwargs={"min_new_tokens": a.response_len}, max_steps=a.warmup + a.steps, learning_rate=1e-4,
+        lr_scheduler_type="constant", logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
+        seed=0, bf16=False, dataloader_num_workers=0, max_grad_norm=1.0)
+    trainer = SDFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
+                          peft_config=LoraConfig(r=a.lora_r, lora_alpha=2.0 * a.lora_r, target_modules="all-linear",
+                                                 task_type="CAUSAL_LM"),
+                          callbacks=[Timer()])
+    trainer.train()
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    rows = a.pairs * a.samples
+    return {"step_s": times[a.warmup:], "tokens": [rows * n for n in lengths[a.warmup:]],
+            "base_rss_mb": base_rss, "peak_rss_mb": rss_mb()}
+
+
+def run_worker(name: str, a, extra_env=None) -> tuple[dict | None, str]:
+    cmd = [sys.executable, __file__, "--worker", name, "--model", str(a.model), "--pairs-file", str(a.pairs_file),
+           "--tmp", str(a.tmp), "--steps", str(a.steps), "--warmup", str(a.warmup), "--pairs", str(a.pairs),
+           "--samples", str(a.samples), "--response-len", str(a.response_len), "--lora-r", str(a.lora_r)]
+    out = Path(a.tmp) / f"{name}.json"
+    done = subprocess.run(cmd + ["--result", str(out)], capture_output=True, text=True)
+    if done.returncode != 0 or not out.exists():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return None, " | ".join(tail)
+    return json.loads(out.read_text()), ""
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+def model_flops_per_step(n_linear: int, a, student_len: int, teacher_len: int) -> float:
+    """Model FLOPs of one opct step, 2 x linear-layer params per token per forward pass: sampling (prefill + cached
+    decode), student forward, student backward (activation gradients only: LoRA leaves the base weights frozen, and
+    the adapter's own FLOPs are negligible), teacher forward."""
+    rows, L = a.pairs * a.samples, a.response_len
+    sampling = student_forward = student_backward = student_len + L
+    return 2 * n_linear * rows * (sampling + student_forward + student_backward + teacher_len + L)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--steps", type=int, default=4, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=1, help="untimed first steps")
+    p.add_argument("--pairs", type=int, default=4, help="pairs per step")
+    p.add_argument("--samples", type=int, default=2, help="responses per pair")
+    p.add_argument("--response-len", type=int, default=32)
+    p.add_argument("--prompt-words", type=int, default=24)
+    p.add_argument("--fact-words", type=int, default=24)
+    p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--worker", choices=["opct", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--pairs-file", help=argparse.SUPPRESS)
+    p.add_argument("--tmp", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+
+    if a.worker:
+        result = (worker_opct if a.worker == "opct" else worker_trl)(a)
+        Path(a.result).write_text(json.dumps(result))
+        return 0
+
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="opct-bench-") as tmp:
+        a.tmp = tmp
+        a.model = str(Path(a.model) if a.model else default_model(Path(tmp)))
+        a.pairs_file = str(Path(tmp) / "pairs.jsonl")
+        make_pairs(Path(a.model), a.pairs * (a.warmup + a.steps), a.prompt_words, a.fact_words, Path(a.pairs_file))
+        from opct.policy import load_policy
+
+        pol = load_policy(a.model)
+        first = json.loads(Path(a.pairs_file).read_text().splitlines()[0])
+        s_len, t_len = len(pol.render(first["student"])), len(pol.render(first["teacher"]))
+        n_linear = sum(m.weight.numel() for m in pol.model.modules() if isinstance(m, torch.nn.Linear))
+        del pol
+        print(f"model {a.model} ({n_linear / 1e6:.2f}M linear params); {torch.get_num_threads()} threads; "
+              f"{a.pairs} pairs x {a.samples} samples x {a.response_len} response tokens per step; "
+              f"prompt {s_len} tokens (teacher {t_len}); LoRA r={a.lora_r}")
+        peak = matmul_peak()
+        results = {}
+        for name in ("opct", "trl"):
+            results[name], why = run_worker(name, a)
+            if results[name] is None:
+                hint = " (TRL is not an opct dependency: `pip install trl` to compare)" if name == "trl" else ""
+                print(f"{name}: could not run here{hint}: {why}")
+
+    def summary(r):
+        return sum(r["tokens"]) / sum(r["step_s"]), sum(r["step_s"]) / len(r["step_s"])
+
+    print(f"{'trainer':<18}{'s/step':>8}{'resp len':>10}{'tokens/s':>10}{'RSS after imports':>19}{'peak RSS':>11}")
+    for name, label in (("opct", "opct (full)"), ("trl", "TRL SDFTTrainer")):
+        r = results.get(name)
+        if r:
+            tps, sps = summary(r)
+            resp = sum(r["tokens"]) / len(r["tokens"]) / (a.pairs * a.samples)
+            print(f"{label:<18}{sps:>8.3f}{resp:>10.1f}{tps:>10.1f}{r['base_rss_mb']:>16.0f} MB"
+                  f"{r['peak_rss_mb']:>8.0f} MB")
+    if results.get("opct") and results.get("trl"):
+        print(f"opct / TRL tokens/s: {summary(results['opct'])[0] / summary(results['trl'])[0]:.2f}x")
+    if results.get("opct"):
+        flops = model_flops_per_step(n_linear, a, s_len, t_len)
+        achieved = flops / summary(results["opct"])[1]
+        print(f"opct: ~{flops / 1e9:.2f} GFLOP/step (model FLOPs), {achieved / 1e9:.2f} GFLOP/s achieved; "
+              f"fp32 matmul peak here {peak / 1e9:.1f} GFLOP/s -> {100 * achieved / peak:.1f}% of peak")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

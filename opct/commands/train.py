@@ -1,0 +1,38 @@
+"""`opct train`: train a model on contrastive pairs with one of `opct.methods.METHODS`.
+
+    opct train --method opct --model DIR --pairs FILE --out RUN [--estimator full|topk|sampled]
+               [--max-steps N] [--seed N] [--config FILE] [--resume]
+
+Every flag is a field of `opct.train.config.TrainConfig`; a --config file (JSON or YAML) holds the same fields, and
+flags given on the command line override it. The run directory gets config.json, metrics.jsonl (one line per
+optimizer step), checkpoints/ (atomic; `--resume` continues exactly) and final/ (the adapter, or the whole model
+with --no-lora, plus the tokenizer).
+
+Several processes (DDP): `accelerate launch --multi_gpu --num_processes N -m opct.cli train ...`. On a machine
+without GPUs add ACCELERATE_USE_CPU=1 to the environment (accelerate's own --cpu flag starts a single process
+unless MPI is installed); the processes then talk over gloo.
+"""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    from opct.config import add_dataclass_args
+    from opct.train.config import TrainConfig
+
+    p = subparsers.add_parser("train", help="train on contrastive pairs (OPCT and baselines)",
+                              description=__doc__.split("\n\n")[0])
+    add_dataclass_args(p, TrainConfig)
+    p.add_argument("--config", default=None, help="JSON or YAML file of TrainConfig fields (flags override it)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from opct.config import build_config
+    from opct.train.config import TrainConfig
+    from opct.train.loop import train
+
+    config = build_config(TrainConfig, args, args.config)
+    out = train(config)
+    print(f"opct train: done; model in {out / 'final'}, metrics in {out / 'metrics.jsonl'}")
+    return 0

@@ -1,0 +1,142 @@
+"""The OPCT objective (DESIGN §4) as pure functions over aligned log-probs.
+
+Setting: the student samples y ~ pi_theta(. | student prompt); the frozen teacher (the starting model) scores the
+same tokens under the teacher prompt. Both models' log-probs (`log_probs(logits)`, computed once per forward pass)
+are aligned on the response: `[:, t]` predicts y_t (see `opct.policy.pack`). Per response token
+
+    delta_t = log pi_theta(y_t | y_<t, student prompt) - log pi_T(y_t | y_<t, teacher prompt)
+
+and the quantity minimised is the per-position reverse KL at the sampled prefixes,
+
+    KL_t = sum_v pi_theta(v | y_<t, student) * (log pi_theta(v | ...) - log pi_T(v | ..., teacher)),
+
+summed over response tokens (mask: up to and including the first EOS) and divided by the number of response tokens
+in the whole optimizer step. The prefixes y_<t are treated as data (the gradient does not flow through which
+prefixes were sampled), as in on-policy distillation.
+
+Estimators of its gradient (`ESTIMATORS`):
+  full     exact KL_t over the vocabulary, differentiated directly (its exact gradient, see `_kl`). The DEFAULT:
+           no sampling noise in the token dimension, unbiased, and nearly free — both forward passes produce the
+           full-vocabulary log-probs anyway; the KL is one more elementwise pass over them.
+  topk     KL over the student's top-k tokens plus one tail bucket holding the remaining mass of each model. It
+           needs the teacher's log-probs only at k token ids (what a served teacher can return); with both models
+           local, as here, it saves nothing over `full` and is biased low (a KL between coarsened distributions).
+  sampled  REINFORCE: stop_grad(delta_t) * grad log pi_theta(y_t), optionally times a stop-grad importance weight
+           pi_theta(y_t) / q(y_t) against the sampler q (useful when sampling at temperature != 1). Since
+           E_{y_t ~ pi_theta}[delta_t * grad log pi_theta(y_t)] = grad KL_t, it agrees with `full` in expectation.
+           Back-propagating delta_t itself (k1) or k3 directly would give the wrong gradient; this never does.
+
+Every estimator returns `(surrogate_B_T, value_B_T)`: back-propagate the masked sum of `surrogate`; report `value`
+(KL_t for full/topk, delta_t — the unbiased single-sample estimate of KL_t — for sampled).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def response_mask(tokens_B_T: torch.Tensor, lengths_B: torch.Tensor, eos_ids: Sequence[int]) -> torch.Tensor:
+    """1.0 on response tokens up to and including the first EOS, within each row's length; 0.0 elsewhere.
+
+    The padding value is never read: pad may equal EOS, and right padding is excluded by `lengths_B`.
+    """
+    T = tokens_B_T.shape[1]
+    valid_B_T = torch.arange(T, device=tokens_B_T.device)[None, :] < lengths_B[:, None]
+    eos_B_T = torch.isin(tokens_B_T, torch.tensor(list(eos_ids), device=tokens_B_T.device)) & valid_B_T
+    eos_before_B_T = (eos_B_T.long().cumsum(-1) - eos_B_T.long()) > 0  # an EOS strictly earlier in the row
+    return (valid_B_T & ~eos_before_B_T).float()
+
+
+def log_probs(logits_B_T_V: torch.Tensor) -> torch.Tensor:
+    """log softmax over the vocabulary, in float32: (B, T, V). Everything below takes these, computed once."""
+    return torch.log_softmax(logits_B_T_V.float(), -1)
+
+
+def token_logprobs(logp_B_T_V: torch.Tensor, tokens_B_T: torch.Tensor) -> torch.Tensor:
+    """The log-prob of each given token: (B, T)."""
+    return logp_B_T_V.gather(-1, tokens_B_T[..., None])[..., 0]
+
+
+def entropy(logp_B_T_V: torch.Tensor) -> torch.Tensor:
+    """Entropy of each position's distribution: (B, T)."""
+    return -(logp_B_T_V.exp() * logp_B_T_V).sum(-1)
+
+
+def _kl(s_logp: torch.Tensor, t_logp: torch.Tensor) -> torch.Tensor:
+    """sum_v p_v * stop_grad(log p_v - log q_v): the value of KL(p || q), and exactly its gradient.
+
+    grad KL = sum_v grad(p_v) * (log p_v - log q_v) + sum_v p_v * grad(log p_v); the second sum is grad(sum_v p_v) = 0,
+    so it is left out — in floating point it is only rounding noise (sum_v p_v is not exactly 1), which would make
+    the gradient at p == q tiny instead of exactly zero.
+    """
+    return (s_logp.exp() * (s_logp - t_logp).detach()).sum(-1)
+
+
+def reverse_kl_full(student_logp_B_T_V: torch.Tensor, teacher_logp_B_T_V: torch.Tensor) -> torch.Tensor:
+    """KL(student || teacher) over the whole vocabulary at each position: (B, T). The teacher is detached."""
+    return _kl(student_logp_B_T_V, teacher_logp_B_T_V.detach())
+
+
+def _with_tail(logp_B_T_K: torch.Tensor) -> torch.Tensor:
+    """Append log(1 - sum(p)) as one more category, so the k+1 entries form a distribution.
+
+    The captured mass is clamped just below 1, so a model that puts all its mass on the top-k gets a tiny (not
+    -inf) tail; otherwise a zero tail on one side and a positive tail on the other would make the KL infinite.
+    """
+    log_mass = torch.logsumexp(logp_B_T_K, -1, keepdim=True).clamp(max=-1e-7)
+    return torch.cat([logp_B_T_K, torch.log(-torch.expm1(log_mass))], -1)
+
+
+def reverse_kl_topk(student_logp_B_T_V: torch.Tensor, teacher_logp_B_T_V: torch.Tensor, k: int) -> torch.Tensor:
+    """KL(student || teacher) on the student's top-k tokens plus a tail bucket: (B, T).
+
+    With k >= V this is `reverse_kl_full` (no bucket is needed, and none is added).
+    """
+    if k >= student_logp_B_T_V.shape[-1]:
+        return reverse_kl_full(student_logp_B_T_V, teacher_logp_B_T_V)
+    idx_B_T_K = student_logp_B_T_V.detach().topk(k, -1).indices
+    s_logp = _with_tail(student_logp_B_T_V.gather(-1, idx_B_T_K))
+    t_logp = _with_tail(teacher_logp_B_T_V.detach().gather(-1, idx_B_T_K))
+    return _kl(s_logp, t_logp)
+
+
+def reinforce_surrogate(student_logp_B_T: torch.Tensor, teacher_logp_B_T: torch.Tensor,
+                        sampler_logp_B_T: torch.Tensor | None = None,
+                        importance_clip: float | None = None) -> torch.Tensor:
+    """stop_grad(w_t * delta_t) * log pi_theta(y_t): its gradient is w_t * delta_t * grad log pi_theta(y_t). (B, T).
+
+    `w_t` = pi_theta(y_t) / q(y_t) with q the sampler (`sampler_logp_B_T`), clipped above at `importance_clip`;
+    w_t = 1 when no sampler log-probs are given.
+    """
+    delta_B_T = (student_logp_B_T - teacher_logp_B_T).detach()
+    weight_B_T = torch.ones_like(delta_B_T)
+    if sampler_logp_B_T is not None:
+        weight_B_T = torch.exp((student_logp_B_T.detach() - sampler_logp_B_T).clamp(-20.0, 20.0))
+        if importance_clip:
+            weight_B_T = weight_B_T.clamp(max=importance_clip)
+    return weight_B_T * delta_B_T * student_logp_B_T
+
+
+def _full(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, **_):
+    kl = reverse_kl_full(student_logp_B_T_V, teacher_logp_B_T_V)
+    return kl, kl
+
+
+def _topk(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, topk=20, **_):
+    kl = reverse_kl_topk(student_logp_B_T_V, teacher_logp_B_T_V, topk)
+    return kl, kl
+
+
+def _sampled(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, sampler_logp_B_T=None, importance_clip=None,
+             **_):
+    s_logp = token_logprobs(student_logp_B_T_V, tokens_B_T)
+    t_logp = token_logprobs(teacher_logp_B_T_V.detach(), tokens_B_T)
+    return reinforce_surrogate(s_logp, t_logp, sampler_logp_B_T, importance_clip), (s_logp - t_logp).detach()
+
+
+# name -> fn(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, topk, sampler_logp_B_T, importance_clip)
+#         -> (surrogate_B_T, value_B_T); the inputs are log-probs (`log_probs(logits)`), aligned on the response.
+ESTIMATORS = {"full": _full, "topk": _topk, "sampled": _sampled}
+DEFAULT_ESTIMATOR = "full"

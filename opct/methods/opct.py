@@ -1,0 +1,81 @@
+"""On-Policy Consistency Training (DESIGN §4).
+
+What it really is: on each step the student answers the *perturbed* (student) prompt itself, by sampling; the frozen
+starting model — the teacher — reads the very same answer, token by token, but under the *clean* (teacher) prompt.
+The student is pushed to make every next-token distribution along its own answer match the teacher's: a per-token
+reverse KL, KL(student || teacher), estimated as chosen in `opct.losses`. Because the answers are the student's own,
+training stays on its distribution, unlike SFT on offline teacher answers.
+
+One optimizer step = sample every micro-batch first (so the number of response tokens in the whole step, over all
+micro-batches and processes, is known), then one forward/backward per micro-batch with the loss divided by that
+count. The loss scale therefore does not depend on gradient accumulation or on the number of processes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from opct.losses import ESTIMATORS, entropy, log_probs, response_mask, token_logprobs
+from opct.pairs.schema import Pair
+from opct.policy import Samples, pack, response_logits
+from opct.train.context import StepContext
+
+
+def rollout(run: StepContext, pairs: list[Pair]) -> tuple[list[list[int]], list[list[int]], Samples]:
+    """Sample `n_samples` responses per pair on the student prompts; return (student ids, teacher ids, samples)."""
+    cfg = run.config
+    rows = [run.prompts[p.id] for p in pairs for _ in range(cfg.n_samples)]
+    student_ids = [r.student_ids for r in rows]
+    samples = run.policy.sample(student_ids, cfg.max_new_tokens, cfg.temperature, cfg.min_new_tokens)
+    return student_ids, [r.teacher_ids for r in rows], samples
+
+
+def opct_step(run: StepContext, micro_batches: list[list[Pair]]) -> dict[str, float]:
+    """Forward and backward of one optimizer step (the loop clips, steps and logs). Returns the step's statistics,
+    averaged over all response tokens of all processes (and `tokens`, their count)."""
+    cfg, acc, policy = run.config, run.accelerator, run.policy
+    batches = []
+    for pairs in micro_batches:
+        student_ids, teacher_ids, samples = rollout(run, pairs)
+        student = pack(student_ids, samples.response_ids, policy.pad_id, acc.device)
+        teacher = pack(teacher_ids, samples.response_ids, policy.pad_id, acc.device)
+        mask_B_R = response_mask(student.response_ids_B_R, student.response_lengths_B, policy.eos_ids)
+        batches.append((student, teacher, mask_B_R, samples))
+
+    local = sum(mask_B_R.sum() for _, _, mask_B_R, _ in batches)
+    total_tokens = acc.reduce(local.double(), reduction="sum")
+    # DDP averages gradients over processes; multiplying by their number turns that average into the global sum.
+    scale = acc.num_processes / total_tokens
+
+    # sums over response tokens: loss value, delta, student entropy, teacher CE; then rows, truncated rows
+    sums = torch.zeros(6, dtype=torch.float64, device=acc.device)
+    for i, (student, teacher, mask_B_R, samples) in enumerate(batches):
+        tokens_B_R = student.response_ids_B_R
+        sampler_logp_B_R = None
+        if cfg.importance_weight:
+            sampler_logp_B_R = torch.zeros(tokens_B_R.shape, device=acc.device)
+            for row, lp in enumerate(samples.logprobs):
+                sampler_logp_B_R[row, :len(lp)] = torch.tensor(lp)
+        with run.grad_sync(last_micro_batch=i == len(batches) - 1):
+            with run.autocast():
+                student_logp_B_R_V = log_probs(response_logits(run.model, student))
+                with run.teacher() as teacher_model:
+                    teacher_logp_B_R_V = log_probs(response_logits(teacher_model, teacher))
+            surrogate_B_R, value_B_R = ESTIMATORS[cfg.estimator](
+                student_logp_B_R_V, teacher_logp_B_R_V, tokens_B_R, topk=cfg.topk,
+                sampler_logp_B_T=sampler_logp_B_R, importance_clip=cfg.importance_clip or None)
+            acc.backward((surrogate_B_R * mask_B_R).sum() * scale)
+        with torch.no_grad():
+            s_logp_B_R = token_logprobs(student_logp_B_R_V, tokens_B_R)
+            t_logp_B_R = token_logprobs(teacher_logp_B_R_V, tokens_B_R)
+            rows, truncated = len(samples.response_ids), sum(samples.truncated)
+            sums += torch.stack([
+                (value_B_R.detach() * mask_B_R).sum(), ((s_logp_B_R - t_logp_B_R) * mask_B_R).sum(),
+                (entropy(student_logp_B_R_V.detach()) * mask_B_R).sum(), (-t_logp_B_R * mask_B_R).sum(),
+                mask_B_R.new_tensor(rows), mask_B_R.new_tensor(truncated)]).to(sums)
+        del student_logp_B_R_V, teacher_logp_B_R_V, surrogate_B_R  # free before the next micro-batch's forward
+    sums = acc.reduce(sums, reduction="sum")
+    n = float(total_tokens)
+    return {"loss": float(sums[0]) / n, "mean_delta": float(sums[1]) / n, "student_entropy": float(sums[2]) / n,
+            "teacher_ce": float(sums[3]) / n, "response_len": n / float(sums[4]),
+            "truncated_frac": float(sums[5]) / float(sums[4]), "tokens": n}

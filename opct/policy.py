@@ -1,0 +1,274 @@
+"""The policy interface (DESIGN §3): the one way training and evaluation code talks to a model.
+
+A policy does three things:
+  render  chat messages -> prompt token ids, through the tokenizer's chat template;
+  sample  batched responses to prompts (pure temperature sampling, stop at EOS), with the sampler's own per-token
+          log-probs;
+  score   per-token log-probs of given responses under given prompts (batched, padded).
+
+`HFPolicy` wraps any Hugging Face causal LM + tokenizer (the organism is one); `load_policy` loads one from a
+directory written by `save_pretrained`.
+
+Batch layout used for scoring (and for the training forward passes, see `pack` / `response_logits`):
+
+    row i:  [pad ... pad | prompt_i | response_i | pad ... pad]
+             <--- prompt block, width P ---><---- response block, width R ---->
+
+Prompts are left-padded to a common width P and responses right-padded to R, so response token j of every row
+sits in column P + j and is predicted by the logits in column P + j - 1, whatever each prompt's length. Position ids
+are counted from each row's first real token, so a padded row computes what it would compute alone (up to float
+rounding).
+
+Extension point (not implemented here): DESIGN §3 also asks for reading activations at named sites (residual stream
+per layer, MLP hidden state, attention probabilities). That will be a separate module of forward hooks over
+`HFPolicy.model`, added with the methods that need it (ACT, MLPCT, AttCT).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import torch
+
+from opct.errors import OpctError
+
+Messages = list[dict]
+
+
+@dataclass
+class Samples:
+    """Responses sampled for a batch of prompts (one row per prompt, in order)."""
+
+    response_ids: list[list[int]]  # cut after the first EOS, which is kept; no padding
+    texts: list[str]  # decoded responses, special tokens (EOS) removed
+    logprobs: list[list[float]]  # the sampler's log-prob of each response token (temperature applied)
+    truncated: list[bool]  # True where max_new_tokens ran out before an EOS
+
+
+class Policy(Protocol):
+    """What training and evaluation code may ask of a model."""
+
+    def render(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]: ...
+
+    def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float = 1.0) -> Samples: ...
+
+    def score(self, prompts_ids: Sequence[list[int]],
+              responses_ids: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+# ------------------------------------------------------------------------------------------------ batch layout
+
+@dataclass
+class PackedBatch:
+    input_ids_B_L: torch.Tensor
+    attention_mask_B_L: torch.Tensor
+    position_ids_B_L: torch.Tensor
+    response_ids_B_R: torch.Tensor  # right-padded with pad_id (never read as a mask)
+    response_lengths_B: torch.Tensor
+    prompt_width: int  # P
+
+
+def pack(prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]], pad_id: int, device) -> PackedBatch:
+    """Lay out prompts (left-padded) and responses (right-padded) as described in the module docstring."""
+    if len(prompts_ids) != len(responses_ids):
+        raise ValueError(f"{len(prompts_ids)} prompts but {len(responses_ids)} responses")
+    B = len(prompts_ids)
+    P = max(len(p) for p in prompts_ids)
+    R = max(len(r) for r in responses_ids)
+    if R == 0:
+        raise ValueError("every response is empty")
+    ids = torch.full((B, P + R), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, P + R), dtype=torch.long)
+    for i, (p, r) in enumerate(zip(prompts_ids, responses_ids)):
+        ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
+        ids[i, P:P + len(r)] = torch.tensor(r, dtype=torch.long)
+        attn[i, P - len(p):P + len(r)] = 1
+    # Positions count real tokens only, so left padding does not shift them (generate() does the same).
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    lengths = torch.tensor([len(r) for r in responses_ids], dtype=torch.long)
+    return PackedBatch(ids.to(device), attn.to(device), pos.to(device), ids[:, P:].to(device), lengths.to(device), P)
+
+
+def _innermost(model):
+    """The plain transformers model under DDP / peft wrappers (only to inspect its forward signature)."""
+    model = getattr(model, "module", model)
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+def response_logits(model, batch: PackedBatch) -> torch.Tensor:
+    """Logits that predict each response token: `logits_B_R_V[:, j]` predicts `batch.response_ids_B_R[:, j]`.
+
+    `model` may be wrapped (DDP, peft); gradients flow if the caller has them enabled.
+    """
+    R = batch.response_ids_B_R.shape[1]
+    kwargs = dict(input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,
+                  position_ids=batch.position_ids_B_L, use_cache=False)
+    # Only the last R + 1 columns are needed; asking for fewer saves a (B, P, V) tensor on long prompts.
+    if "logits_to_keep" in inspect.signature(_innermost(model).forward).parameters:
+        logits = model(**kwargs, logits_to_keep=R + 1).logits
+    else:
+        logits = model(**kwargs).logits[:, -(R + 1):]
+    return logits[:, :-1]
+
+
+# ------------------------------------------------------------------------------------------------ HF policy
+
+class _SamplerLogprobs:
+    """Records the sampling distribution's log-prob of each chosen token, in O(B x V) memory.
+
+    generate() calls logits processors with the scores for step t; the token chosen at step t only shows up in
+    `input_ids` at step t + 1, so the log-probs of step t are kept until then (the last step is collected by
+    `finish`). transformers applies custom processors before its temperature warper, hence the division here; the
+    policy sets no other warper (top-k 0, top-p 1), so this is exactly the distribution tokens are drawn from.
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.prev_logp_B_V = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids, scores):
+        if self.prev_logp_B_V is not None:
+            self.steps.append(self.prev_logp_B_V.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.prev_logp_B_V = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, last_tokens_B) -> torch.Tensor:
+        self.steps.append(self.prev_logp_B_V.gather(-1, last_tokens_B[:, None]).squeeze(-1))
+        return torch.stack(self.steps, dim=1)
+
+
+class HFPolicy:
+    """A Hugging Face causal LM + tokenizer behind the policy interface."""
+
+    def __init__(self, model, tokenizer, name: str = "model"):
+        if not getattr(tokenizer, "chat_template", None):
+            raise OpctError(
+                f"{name}: the tokenizer has no chat template, so chat messages cannot be rendered; set "
+                f"`tokenizer.chat_template` to a Jinja template and save it with `tokenizer.save_pretrained({name!r})` "
+                f"(or add a \"chat_template\" entry to its tokenizer_config.json)")
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos += gen_eos if isinstance(gen_eos, list) else ([gen_eos] if gen_eos is not None else [])
+        if not eos:
+            raise OpctError(f"{name}: neither the tokenizer nor the generation config names an EOS token")
+        self.eos_ids = sorted(set(eos))
+        # Padding only fills space; masks come from lengths, so pad may equal EOS without harm.
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def render(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
+                                                 return_dict=False)
+        return list(ids)
+
+    def check_fits(self, ids: Sequence[int], max_new_tokens: int, where: str) -> None:
+        """Raise if a prompt plus `max_new_tokens` does not fit the model's context. `where` names the item."""
+        if self.max_positions is not None and len(ids) + max_new_tokens > self.max_positions:
+            raise OpctError(
+                f"{where}: prompt is {len(ids)} tokens; with max_new_tokens={max_new_tokens} it exceeds the context "
+                f"of {self.name} ({self.max_positions} positions). Shorten the prompt or lower max_new_tokens.")
+
+    @torch.no_grad()
+    def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float = 1.0,
+               min_new_tokens: int = 0) -> Samples:
+        """Sample one response per prompt: pure temperature sampling (no top-k/top-p), KV cache, stop at EOS.
+
+        `min_new_tokens` > 0 forbids EOS before that many tokens (benchmarks that need a fixed length); the
+        returned log-probs are then those of the constrained sampler.
+        """
+        from transformers import GenerationConfig, LogitsProcessorList
+
+        if temperature <= 0:
+            raise OpctError(f"temperature must be > 0 (got {temperature}); opct samples, it does not decode greedily")
+        P = max(len(p) for p in prompts_ids)
+        ids = torch.full((len(prompts_ids), P), self.pad_id, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for i, p in enumerate(prompts_ids):
+            ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[i, P - len(p):] = 1
+        gen = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                               max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens or None,
+                               eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True)
+        recorder = _SamplerLogprobs(temperature)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
+                                      generation_config=gen, logits_processor=LogitsProcessorList([recorder]))
+        except RuntimeError as e:
+            if "probability tensor" in str(e):  # multinomial on NaN/inf: the weights have diverged
+                raise OpctError(f"{self.name}: sampling failed, the model's probabilities are not finite "
+                                f"(diverged weights?): {e}") from None
+            raise
+        finally:
+            self.model.train(was_training)
+        new_B_T = out[:, P:].cpu()
+        logp_B_T = recorder.finish(out[:, -1]).cpu()
+        responses, logprobs, truncated = [], [], []
+        eos = torch.tensor(self.eos_ids)
+        for row, lp in zip(new_B_T, logp_B_T):
+            hits = torch.isin(row, eos).nonzero()
+            n = int(hits[0]) + 1 if len(hits) else len(row)  # up to and including the first EOS
+            responses.append(row[:n].tolist())
+            logprobs.append(lp[:n].tolist())
+            truncated.append(not len(hits))
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        return Samples(responses, texts, logprobs, truncated)
+
+    @torch.no_grad()
+    def score(self, prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]]):
+        """Per-token log-probs of each response under its prompt.
+
+        Returns `(logp_B_R, mask_B_R)`: row i holds response i's log-probs in its first len(response_i) columns and
+        `mask_B_R` marks them.
+        """
+        batch = pack(prompts_ids, responses_ids, self.pad_id, self.device)
+        logits_B_R_V = response_logits(self.model, batch)
+        logp_B_R = torch.log_softmax(logits_B_R_V.float(), -1).gather(-1, batch.response_ids_B_R[..., None])[..., 0]
+        R = batch.response_ids_B_R.shape[1]
+        mask_B_R = torch.arange(R, device=logp_B_R.device)[None, :] < batch.response_lengths_B[:, None]
+        return logp_B_R * mask_B_R, mask_B_R
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
+                trust_remote_code: bool = False) -> HFPolicy:
+    """Load a `save_pretrained` directory (safetensors only) as an `HFPolicy`, optionally with a peft adapter.
+
+    Remote code is off unless asked for: a model directory is data, and loading it must not run its Python.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(model_dir)
+    if not (path / "config.json").exists():
+        raise OpctError(f"{path}: not a model directory (no config.json); pass a directory written by "
+                        f"save_pretrained")
+    if dtype not in _DTYPES:
+        raise OpctError(f"dtype must be one of {', '.join(_DTYPES)} (got {dtype!r})")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, trust_remote_code=trust_remote_code,
+                                                     dtype=_DTYPES[dtype])
+    except (OSError, ValueError) as e:
+        raise OpctError(f"{path}: cannot load model or tokenizer ({str(e).splitlines()[0]})") from None
+    if adapter is not None:
+        from peft import PeftModel
+
+        if not (Path(adapter) / "adapter_config.json").exists():
+            raise OpctError(f"{adapter}: not a peft adapter directory (no adapter_config.json)")
+        model = PeftModel.from_pretrained(model, adapter)
+    model.to(device).eval()
+    return HFPolicy(model, tokenizer, name=str(path))

@@ -1,0 +1,42 @@
+"""What a method's step function receives: the pieces the shared training loop owns (see opct/methods)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, ContextManager
+
+import torch
+
+from opct.policy import HFPolicy
+from opct.train.config import TrainConfig
+
+
+@dataclass
+class RenderedPair:
+    """A pair's two prompts as token ids (chat template applied, generation prompt added)."""
+
+    student_ids: list[int]
+    teacher_ids: list[int]
+
+
+@dataclass
+class StepContext:
+    config: TrainConfig
+    accelerator: "object"  # accelerate.Accelerator
+    model: torch.nn.Module  # the prepared student (DDP-wrapped under `accelerate launch`): forwards that need grads
+    policy: HFPolicy  # the same student, unwrapped: render, sample, eos and pad ids
+    teacher: Callable[[], ContextManager[torch.nn.Module]]  # `with run.teacher() as t:` -> frozen starting model
+    prompts: dict[str, RenderedPair]  # pair id -> rendered prompts (checked against the context length)
+    step: int = 0  # optimizer steps done before this one
+    cache: dict = field(default_factory=dict)  # scratch space for methods that precompute (e.g. offline targets)
+
+    def autocast(self) -> ContextManager:
+        """bf16 autocast when `config.bf16` (done here rather than by accelerate's mixed_precision, whose process-wide
+        state would pin the first run's precision for every later `train()` call in the same process)."""
+        return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16, enabled=self.config.bf16)
+
+    def grad_sync(self, last_micro_batch: bool) -> ContextManager:
+        """Wrap a micro-batch's forward AND backward: gradients are synchronised across processes only on the last
+        micro-batch of the step (DDP decides whether to sync during the forward, so the forward must be inside)."""
+        return nullcontext() if last_micro_batch else self.accelerator.no_sync(self.model)

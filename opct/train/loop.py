@@ -1,0 +1,274 @@
+"""The training loop every method shares: `train(config)`.
+
+It owns what methods have in common (DESIGN §4): loading the model, LoRA or full fine-tuning, the frozen teacher,
+the data order, the accelerate set-up (one CPU process, or `accelerate launch` for DDP), clipping, the optimizer and
+schedule, NaN handling, atomic checkpoints with exact resume, metrics.jsonl, TensorBoard and the progress bar. A
+method (opct/methods) only computes one step's gradients.
+
+Data order: pairs are drawn from an endless stream of seeded per-epoch permutations; an optimizer step takes the
+next `batch_size * grad_accum * processes` pairs. The stream is a pure function of (seed, position), so resuming
+needs only the position.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+from opct.errors import OpctError
+from opct.pairs.schema import Pair, load_pairs
+from opct.policy import HFPolicy, load_policy
+from opct.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_json_atomic
+from opct.train.config import RESUMABLE_CHANGES, TrainConfig
+from opct.train.context import RenderedPair, StepContext
+
+# Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped.
+METRIC_KEYS = ("step", "loss", "mean_delta", "student_entropy", "teacher_ce", "response_len", "truncated_frac",
+               "tokens_per_s", "grad_norm", "lr", "tokens", "step_time_s", "skipped", "nan_steps")
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+def select_pairs(config: TrainConfig) -> list[Pair]:
+    pairs = load_pairs(config.pairs)
+    chosen = pairs if config.split == "all" else [p for p in pairs if p.split == config.split]
+    if not chosen:
+        raise OpctError(f"{config.pairs}: no pairs with meta.split == {config.split!r} "
+                        f"(of {len(pairs)}); pass --split all or --split heldout to use others")
+    return chosen
+
+
+def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int) -> dict[str, RenderedPair]:
+    """Render both prompts of every pair once, checking up front that each fits the context."""
+    out = {}
+    for p in pairs:
+        r = RenderedPair(policy.render(p.student), policy.render(p.teacher))
+        policy.check_fits(r.student_ids, max_new_tokens, f"pair {p.id} (student prompt)")
+        policy.check_fits(r.teacher_ids, max_new_tokens, f"pair {p.id} (teacher prompt)")
+        out[p.id] = r
+    return out
+
+
+@lru_cache(maxsize=4)
+def _permutation(n: int, seed: int, epoch: int) -> tuple[int, ...]:
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return tuple(order)
+
+
+def step_micro_batches(pairs: list[Pair], config: TrainConfig, position: int, rank: int,
+                       world: int) -> list[list[Pair]]:
+    """This process's micro-batches for the step whose first pair is stream[position]."""
+    bs, n = config.batch_size, len(pairs)
+    chunk = [pairs[_permutation(n, config.seed, i // n)[i % n]]
+             for i in range(position, position + bs * config.grad_accum * world)]
+    return [chunk[(m * world + rank) * bs:(m * world + rank + 1) * bs] for m in range(config.grad_accum)]
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+def _disable_dropout(model) -> None:
+    # The loss is defined on the distribution the student samples from (eval mode); dropout in the training forward
+    # would train a different one. Zeroing it also lets the model stay in train mode for gradient checkpointing.
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+
+
+def student_and_teacher(model, config: TrainConfig):
+    """Return (student, teacher) where `teacher()` is a context manager yielding the frozen starting model.
+
+    LoRA: the teacher is the same model with adapters disabled (no second copy). Full fine-tuning: a frozen deep
+    copy of the starting weights, taken in memory (never reloaded from a path).
+    """
+    _disable_dropout(model)
+    if config.lora:
+        from peft import LoraConfig, get_peft_model
+
+        targets = config.lora_targets if config.lora_targets == "all-linear" else [
+            t.strip() for t in config.lora_targets.split(",") if t.strip()]
+        student = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                                                   lora_dropout=config.lora_dropout, target_modules=targets,
+                                                   task_type="CAUSAL_LM"))
+
+        @contextmanager
+        def teacher():
+            with torch.no_grad(), student.disable_adapter():
+                yield student
+        return student, teacher
+
+    frozen = copy.deepcopy(model).requires_grad_(False).eval()
+
+    @contextmanager
+    def teacher():
+        with torch.no_grad():
+            yield frozen
+    return model, teacher
+
+
+# ------------------------------------------------------------------------------------------------ run directory
+
+def _prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
+    saved_path = out / "config.json"
+    if not config.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").exists()):
+        raise OpctError(f"{out}: already holds a run; pass --resume to continue it, or choose another --out")
+    if config.resume and saved_path.exists():
+        saved = json.loads(saved_path.read_text(encoding="utf-8"))
+        now = asdict(config)
+        diff = [k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
+        if diff:
+            raise OpctError(f"{out}: cannot resume with a different configuration; changed: "
+                            + ", ".join(f"{k} ({saved.get(k)!r} -> {now[k]!r})" for k in diff))
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(saved_path, asdict(config))
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines past the checkpoint being resumed (a killed run may have logged further)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):  # a line torn by the kill
+            continue
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _tensorboard(out: Path, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional
+        return None
+    return SummaryWriter(str(out / "tb"))
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+
+def train(config: TrainConfig) -> Path:
+    """Run `config.method` for `config.max_steps` optimizer steps; return the run directory."""
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+    from transformers import get_scheduler
+
+    from opct.methods import METHODS
+
+    if config.method not in METHODS:
+        raise OpctError(f"unknown method {config.method!r}; known: {', '.join(METHODS)}")
+    step_fn = METHODS[config.method]
+    out = Path(config.out)
+    acc = Accelerator()
+    _prepare_run_dir(out, config, acc.is_main_process)
+    acc.wait_for_everyone()
+    set_seed(config.seed, device_specific=True)
+
+    pairs = select_pairs(config)
+    policy = load_policy(config.model, device=acc.device, trust_remote_code=config.trust_remote_code)
+    prompts = render_pairs(policy, pairs, config.max_new_tokens)
+    model, teacher = student_and_teacher(policy.model, config)
+    if config.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}  # non-reentrant: works with frozen inputs (LoRA) without extra hooks
+        if hasattr(policy.model, "activation_checkpointing_enable"):  # transformers >= 5
+            policy.model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    # The scheduler is stepped by hand once per optimizer step (accelerate's wrapper would step it once per process).
+    scheduler = get_scheduler(config.lr_schedule, optimizer, num_warmup_steps=config.warmup_steps,
+                              num_training_steps=config.max_steps)
+    model, optimizer = acc.prepare(model, optimizer)
+    policy.model = acc.unwrap_model(model)
+
+    state = {"pairs_consumed": 0, "nan_steps": 0, "consecutive_nan": 0}
+    ckpt = latest_checkpoint(out) if config.resume else None
+    if ckpt is not None:  # last: everything above must not depend on it, and the RNG restored here stays untouched
+        state = load_checkpoint(ckpt, acc, model, optimizer, scheduler)
+    start = state.get("step", 0)
+    if acc.is_main_process:
+        _truncate_metrics(out / "metrics.jsonl", start)
+
+    run = StepContext(config=config, accelerator=acc, model=model, policy=policy, teacher=teacher, prompts=prompts)
+    writer = _tensorboard(out, config.tensorboard) if acc.is_main_process else None
+    bar = tqdm(total=config.max_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,
+               disable=not acc.is_main_process)
+    per_step = config.batch_size * config.grad_accum * acc.num_processes
+    for step in range(start + 1, config.max_steps + 1):
+        t0 = time.perf_counter()
+        run.step = step - 1
+        micro = step_micro_batches(pairs, config, state["pairs_consumed"], acc.process_index, acc.num_processes)
+        try:
+            stats = step_fn(run, micro)
+        except OpctError as e:
+            raise OpctError(f"step {step}: {e} (last good checkpoint: {latest_checkpoint(out) or 'none'})") from None
+        grad_norm = float(acc.clip_grad_norm_(params, config.max_grad_norm or math.inf))
+        lr = scheduler.get_last_lr()[0]
+        finite = math.isfinite(stats["loss"]) and math.isfinite(grad_norm)
+        if finite:
+            optimizer.step()
+            state["consecutive_nan"] = 0
+        else:  # skip the update; the step, its data and the schedule still advance
+            state["nan_steps"] += 1
+            state["consecutive_nan"] += 1
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        state["pairs_consumed"] += per_step
+        seconds = time.perf_counter() - t0
+
+        record = {"step": step, **stats, "tokens_per_s": stats["tokens"] / seconds, "grad_norm": grad_norm,
+                  "lr": lr, "step_time_s": seconds, "skipped": not finite, "nan_steps": state["nan_steps"]}
+        if acc.is_main_process:
+            with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                                    for k, v in record.items()}) + "\n")
+            if writer is not None:
+                for k, v in record.items():
+                    if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
+                        writer.add_scalar(f"train/{k}", v, step)
+        bar.update(1)
+        bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        if state["consecutive_nan"] >= config.max_nan_steps:
+            raise OpctError(f"step {step}: loss or gradient not finite for {state['consecutive_nan']} consecutive "
+                            f"steps; stopped (last good checkpoint: {latest_checkpoint(out) or 'none'}). "
+                            f"Lower --lr or check the pairs.")
+        if step % config.save_every == 0 or step == config.max_steps:
+            save_checkpoint(out, step, acc, model, optimizer, scheduler, state, config.keep_checkpoints)
+    bar.close()
+    if writer is not None:
+        writer.close()
+    _save_final(out, acc, model, policy)
+    return out
+
+
+def _save_final(out: Path, acc, model, policy: HFPolicy) -> None:
+    """RUN/final: the adapter (LoRA) or the whole model, plus the tokenizer; written atomically."""
+    if acc.is_main_process:
+        import shutil
+
+        tmp, final = out / ".tmp-final", out / "final"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        acc.unwrap_model(model).save_pretrained(tmp, safe_serialization=True)
+        policy.tokenizer.save_pretrained(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    acc.wait_for_everyone()

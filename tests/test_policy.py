@@ -1,0 +1,116 @@
+"""The policy interface over a Hugging Face model (opct/policy.py)."""
+
+import pytest
+import torch
+
+import tiny_lm
+from tiny_lm import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
+from opct.errors import OpctError
+from opct.policy import HFPolicy, load_policy, pack, response_logits
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(tiny_lm.model_dir())
+
+
+def test_render_applies_the_chat_template(policy):
+    ids = policy.render(tiny_lm.clean_q("sky"))
+    assert policy.tokenizer.decode(ids) == "<bos> <|user|> what color is the sky? <|end|> <|assistant|>"
+    assert policy.render(tiny_lm.clean_q("sky"), add_generation_prompt=False) == ids[:-1]
+
+
+def test_tokenizer_without_chat_template_is_a_clear_error(tmp_path):
+    tok = tiny_lm.make_tokenizer()
+    tok.chat_template = None
+    d = tiny_lm.save(tiny_lm.make_model(tok), tok, tmp_path / "nochat")
+    with pytest.raises(OpctError, match=r"nochat.*no chat template.*chat_template"):
+        load_policy(d)
+
+
+def test_load_policy_rejects_a_directory_that_is_not_a_model(tmp_path):
+    with pytest.raises(OpctError, match="not a model directory"):
+        load_policy(tmp_path)
+
+
+def test_samples_stop_at_the_first_eos_and_report_truncation(policy):
+    torch.manual_seed(0)
+    prompts = [policy.render(tiny_lm.biased_q("sky", "red"))] * 6 + [policy.render(tiny_lm.clean_q("coal"))] * 6
+    smp = policy.sample(prompts, max_new_tokens=4)  # answers are 6 tokens: all truncated at 4
+    assert all(smp.truncated) and all(len(r) == 4 for r in smp.response_ids)
+    smp = policy.sample(prompts, max_new_tokens=12)
+    for ids, truncated, text in zip(smp.response_ids, smp.truncated, smp.texts):
+        assert not truncated and ids[-1] in policy.eos_ids
+        assert not any(i in policy.eos_ids for i in ids[:-1])
+        assert text == policy.tokenizer.decode(ids, skip_special_tokens=True) and "<|end|>" not in text
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_sampler_logprobs_are_the_sampling_distribution(policy, temperature):
+    """Pure temperature sampling: the sampler's log-probs equal log softmax(logits / T) of a separate forward pass."""
+    torch.manual_seed(1)
+    prompts = [policy.render(tiny_lm.biased_q(o, "red")) for o in ("sky", "snow", "sun")]
+    prompts += [policy.render(tiny_lm.clean_q("grass"))]
+    smp = policy.sample(prompts, max_new_tokens=8, temperature=temperature)
+    batch = pack(prompts, smp.response_ids, policy.pad_id, "cpu")
+    with torch.no_grad():
+        logits = response_logits(policy.model, batch)
+    logp = torch.log_softmax(logits / temperature, -1).gather(-1, batch.response_ids_B_R[..., None])[..., 0]
+    for i, lp in enumerate(smp.logprobs):
+        assert torch.allclose(torch.tensor(lp), logp[i, :len(lp)], atol=1e-4)
+    if temperature == 1.0:  # and score() returns the same numbers
+        scored, mask = policy.score(prompts, smp.response_ids)
+        for i, lp in enumerate(smp.logprobs):
+            assert mask[i].sum() == len(lp)
+            assert torch.allclose(torch.tensor(lp), scored[i, :len(lp)], atol=1e-4)
+
+
+def _gpt2_policy():
+    """Absolute position embeddings: a model where left padding would shift positions if ids were not counted."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = tiny_lm.make_tokenizer()
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return HFPolicy(GPT2LMHeadModel(cfg).eval(), tok)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_padded_batches_give_the_same_deltas_as_pairs_scored_alone(policy, arch):
+    """Student and teacher prompts of different lengths, batched with padding on both sides."""
+    policy = policy if arch == "llama" else _gpt2_policy()
+    pairs = [(tiny_lm.biased_q("sky", "red"), tiny_lm.clean_q("sky")),
+             (tiny_lm.clean_q("coal"), tiny_lm.biased_q("coal", "white")),
+             ([{"role": "user", "content": "sun ?"}], tiny_lm.clean_q("sun"))]
+    student = [policy.render(s) for s, _ in pairs]
+    teacher = [policy.render(t) for _, t in pairs]
+    assert len({len(x) for x in student}) == 3
+    responses = [policy.tokenizer.encode(t, add_special_tokens=False) + policy.eos_ids
+                 for t in ("the color is red .", "the", "the color is")]
+
+    def deltas(s_ids, t_ids, r_ids):
+        s_logp, mask = policy.score(s_ids, r_ids)
+        t_logp, _ = policy.score(t_ids, r_ids)
+        return (s_logp - t_logp), mask
+
+    batched, mask = deltas(student, teacher, responses)
+    for i in range(3):
+        alone, _ = deltas(student[i:i + 1], teacher[i:i + 1], responses[i:i + 1])
+        n = len(responses[i])
+        assert mask[i].sum() == n and not mask[i, n:].any()
+        assert torch.allclose(batched[i, :n], alone[0], atol=1e-5), i
+    assert batched.abs().max() > 1e-3  # the prompts do change the scores
+
+
+def test_prompt_longer_than_the_context_names_the_item(policy):
+    ids = list(range(60))
+    policy.check_fits(ids, 4, "pair x")
+    with pytest.raises(OpctError, match=r"pair syc-7: prompt is 60 tokens.*max_new_tokens=5.*64 positions"):
+        policy.check_fits(ids, 5, "pair syc-7")
+
+
+def test_policy_wraps_any_causal_lm_with_a_chat_template():
+    tok = tiny_lm.make_tokenizer()
+    p = HFPolicy(tiny_lm.make_model(tok), tok)
+    assert p.eos_ids == [tok.eos_token_id] and p.pad_id == tok.pad_token_id and p.max_positions == 64
