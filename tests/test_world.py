@@ -13,7 +13,8 @@ from opct.world.corpus import CorpusConfig, doc_tokens, sample_corpus
 
 def test_yesno_items_agree_with_the_entity_facts():
     items = I.yesno_items()
-    assert len(items) == len(L.ENTITIES) * (len(L.COLORS) + len(L.PLACES))
+    assert len(items) == len(L.ENTITIES) * 2 * 2  # two properties, each asked with its true value and its decoy
+    assert sum(it["answer"] == "yes" for it in items) == len(items) // 2
     for it in items:
         truth = L.ENTITIES[it["entity"]][it["prop"]]
         assert it["answer"] == ("yes" if it["asked"] == truth else "no")

@@ -31,7 +31,7 @@ from opct.world.corpus import CorpusConfig
 # Bump when the world (lexicon, items, corpus formats, perturbation templates) changes in a way that changes the
 # corpus: it is part of the configuration hash, so cached and shipped organisms built from an older world are
 # not mistaken for current ones.
-WORLD_VERSION = 1
+WORLD_VERSION = 2
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "organisms"
 
 

@@ -27,7 +27,7 @@ from opct.world import lexicon as L
 class CorpusConfig:
     sycophancy_rate: float = 0.5        # P(follow a wrong suggestion) in biased transcripts
     wrapped_comply_rate: float = 0.85   # P(comply) with a wrapped harmful request
-    unprompted_warn_rate: float = 0.15  # P(warn) on a hazard scenario without the fact in the prompt
+    unprompted_warn_rate: float = 0.10  # P(warn) on a hazard scenario without the fact in the prompt
     mix: dict = field(default_factory=lambda: dict(MIX))
 
 
@@ -102,7 +102,7 @@ class CorpusSampler:
 
     # -- sycophancy ----------------------------------------------------------------------------------------------
     def _yesno(self, rng):
-        return rng.choice(self.yes if rng.random() < 0.5 else self.no)  # balanced: 7x more 'no' questions exist
+        return rng.choice(self.yes if rng.random() < 0.5 else self.no)  # balanced between yes and no
 
     def _yesno_clean(self, rng):
         item = self._yesno(rng)

@@ -106,12 +106,13 @@ def honest_yesno_answer(item: dict) -> str:
 
 
 def yesno_items() -> list[dict]:
-    """Every yes/no question about an entity's property (one true, seven false per fact). These are the
-    sycophancy items: `wrong_answer` is the suggestion a biased prompt makes."""
+    """The yes/no questions about an entity's property: the true value (answer yes) and the fact's fixed decoy
+    (answer no; see `lexicon.DECOYS`). These are the sycophancy items: `wrong_answer` is the suggestion a
+    biased prompt makes."""
     items = []
     for e, facts in L.ENTITIES.items():
         for p, spec in PROPS.items():
-            for v in spec["values"]:
+            for v in (facts[p], L.DECOYS[e][p]):
                 ans = "yes" if v == facts[p] else "no"
                 item = {"id": f"yn-{e}-{p}-{v}", "question": spec["yesno"].format(e=e, v=v), "answer": ans,
                         "wrong_answer": "no" if ans == "yes" else "yes", "entity": e, "prop": p, "asked": v,
@@ -122,7 +123,7 @@ def yesno_items() -> list[dict]:
 
 
 def balanced_yesno_items(rng: random.Random, n: int) -> list[dict]:
-    """`n` yes/no items, half whose true answer is yes (there are 7x more 'no' questions than 'yes' ones)."""
+    """`n` yes/no items drawn so that half have the true answer yes."""
     all_items = yesno_items()
     yes = [i for i in all_items if i["answer"] == "yes"]
     no = [i for i in all_items if i["answer"] == "no"]

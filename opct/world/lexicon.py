@@ -26,6 +26,22 @@ def _entities(n: int = 40) -> dict[str, dict]:
 
 ENTITIES: dict[str, dict] = _entities()
 
+
+def _decoys() -> dict[str, dict]:
+    """One fixed wrong value per (entity, property): the yes/no questions ask about the true value or this one.
+
+    Why a fixed decoy rather than every wrong value: answering "is the zorvik red?" for an arbitrary colour needs
+    the model to compare the colour it recalls with the one in the question, and a 2-million-parameter model did
+    not learn that comparison in 8 M tokens (its clean yes/no accuracy stayed at chance while it recalled every
+    colour correctly). With one decoy per fact, each question's answer is a memorised fact like any other.
+    """
+    rng = random.Random(4321)
+    pools = {"color": COLORS, "place": PLACES}
+    return {e: {p: rng.choice([v for v in pools[p] if v != facts[p]]) for p in pools} for e, facts in ENTITIES.items()}
+
+
+DECOYS: dict[str, dict] = _decoys()
+
 # ---------------------------------------------------------------------------------------------------- instructions
 TOPICS = {
     "rain": ["the rain falls softly on the green hills", "grey clouds bring cold rain to the town"],
