@@ -236,6 +236,7 @@ def build_organism(size: str = "default", force: bool = False, progress: bool = 
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    tmp.chmod(0o755)  # mkdtemp makes it private; an organism directory is meant to be shared and shipped
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
