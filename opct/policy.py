@@ -19,9 +19,9 @@ sits in column P + j and is predicted by the logits in column P + j - 1, whateve
 are counted from each row's first real token, so a padded row computes what it would compute alone (up to float
 rounding).
 
-Extension point (not implemented here): DESIGN §3 also asks for reading activations at named sites (residual stream
-per layer, MLP hidden state, attention probabilities). That will be a separate module of forward hooks over
-`HFPolicy.model`, added with the methods that need it (ACT, MLPCT, AttCT).
+Reading activations at named sites (DESIGN §3: residual stream per layer, MLP hidden state, attention probabilities)
+is `HFPolicy.read_activations`, over the forward hooks of `opct.activations` (which the training methods ACT, MLPCT
+and AttCT use directly, with gradients).
 """
 
 from __future__ import annotations
@@ -225,6 +225,27 @@ class HFPolicy:
             truncated.append(not len(hits))
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return Samples(responses, texts, logprobs, truncated)
+
+    @torch.no_grad()
+    def read_activations(self, prompts_ids: Sequence[list[int]], sites: Sequence[str] = ("residual",),
+                         layers: Sequence[int] | None = None):
+        """Activations on prompts at named sites (`opct.activations.SITES`) and decoder layers (default: all).
+
+        Returns `(recording, batch)`: `recording.<site>[layer]` is a (B, W, ...) tensor over the left-padded prompt
+        batch, where token j of prompt i sits in column `batch.column(i, j)`. Attention probabilities need eager
+        attention: call `opct.activations.use_eager_attention(policy.model)` first.
+        """
+        from opct.activations import forward_prompts, pad_left, record
+
+        batch = pad_left(prompts_ids, self.pad_id, self.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with record(self.model, sites, layers) as rec:
+                forward_prompts(self.model, batch)
+        finally:
+            self.model.train(was_training)
+        return rec, batch
 
     @torch.no_grad()
     def score(self, prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]]):

@@ -2,11 +2,14 @@
 
     opct train --method opct --model DIR --pairs FILE --out RUN [--estimator full|topk|sampled]
                [--max-steps N] [--seed N] [--config FILE] [--resume]
+    opct train --method sft|bct ... [--target-n N --target-temperature T] [--targets FILE (sft only)]
+    opct train --method act|mlpct|attct ... [--layers 0,2] [--act-weight W | --mlpct-weight W | --attct-weight W]
 
 Every flag is a field of `opct.train.config.TrainConfig`; a --config file (JSON or YAML) holds the same fields, and
 flags given on the command line override it. The run directory gets config.json, metrics.jsonl (one line per
 optimizer step), checkpoints/ (atomic; `--resume` continues exactly) and final/ (the adapter, or the whole model
-with --no-lora, plus the tokenizer).
+with --no-lora, plus the tokenizer); SFT and BCT also write targets.jsonl, the answers they train on (reused by
+--resume). What each method computes: the docstring at the top of opct/methods/<method>.py.
 
 Several processes (DDP): `accelerate launch --multi_gpu --num_processes N -m opct.cli train ...`. On a machine
 without GPUs add ACCELERATE_USE_CPU=1 to the environment (accelerate's own --cpu flag starts a single process

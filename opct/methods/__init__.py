@@ -4,12 +4,37 @@ A step function is `step(run: StepContext, micro_batches: list[list[Pair]]) -> d
 and backward passes of one optimizer step over the given micro-batches of pairs (one list per micro-batch, this
 process's share) and returns the step's statistics, already reduced over processes, including `loss` and `tokens`.
 The shared loop (`opct.train.loop`) owns everything else: models, the teacher, data order, clipping, the optimizer,
-NaN handling, checkpoints and metrics. A method that needs offline work (SFT's teacher answers) can do it on its
-first call and keep it in `run.cache`.
+NaN handling, checkpoints and metrics.
+
+A method that needs work before its first step has a `PREPARE` entry, `prepare(run: StepContext) -> None`, which the
+loop calls once per run (fresh or resumed; `run.step` says where it resumes) and which keeps its results in
+`run.cache`: SFT's and BCT's offline targets, the token alignments of ACT / MLPCT / AttCT (so a pair that cannot be
+aligned stops the run before training starts), AttCT's switch to eager attention.
+
+  opct    on-policy consistency training: reverse KL on the student's own samples       (opct.py)
+  sft     cross-entropy on offline teacher answers, or on targets from a file          (sft.py)
+  bct     sft with the starting model's own answers to the clean prompts as targets    (sft.py)
+  act     squared L2 between residual streams on the prompts' common token suffix       (act.py)
+  mlpct   cosine distance between MLP hidden states on the clean-content span          (mlpct.py)
+  attct   Jensen-Shannon divergence between attention patterns on that span           (attct.py)
 """
 
+from opct.methods import act, attct, mlpct, sft
 from opct.methods.opct import opct_step
 
 METHODS = {
     "opct": opct_step,
+    "sft": sft.sft_step,
+    "bct": sft.bct_step,
+    "act": act.act_step,
+    "mlpct": mlpct.mlpct_step,
+    "attct": attct.attct_step,
+}
+
+PREPARE = {
+    "sft": sft.prepare,
+    "bct": sft.prepare_bct,
+    "act": act.prepare,
+    "mlpct": mlpct.prepare,
+    "attct": attct.prepare,
 }

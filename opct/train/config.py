@@ -16,7 +16,8 @@ RESUMABLE_CHANGES = ("resume", "max_steps", "save_every", "keep_checkpoints", "t
 @dataclass
 class TrainConfig:
     # what to train, on what, where
-    method: str = _f("opct", "training method (a key of opct.methods.METHODS)")
+    method: str = _f("opct", "training method, a key of opct.methods.METHODS: opct, or the baselines sft, bct, act, "
+                             "mlpct, attct")
     model: str = _f("", "model directory written by save_pretrained (required)")
     pairs: str = _f("", "contrastive pairs JSONL file (required)")
     out: str = _f("", "run directory: config.json, metrics.jsonl, checkpoints/, final/ (required)")
@@ -26,6 +27,17 @@ class TrainConfig:
     topk: int = _f(20, "support size of the topk estimator")
     importance_weight: bool = _f(False, "sampled estimator: weight by pi_theta / sampler (matters at temperature != 1)")
     importance_clip: float = _f(2.0, "upper clip of the importance weight (0 = no clip)")
+    # SFT / BCT: offline targets (stored in OUT/targets.jsonl, reused on --resume)
+    targets: str = _f("", "sft only: JSONL of {\"id\": pair id, \"response\": text} to train on instead of the "
+                          "starting model's answers to the teacher prompts")
+    target_n: int = _f(1, "sft/bct: answers generated per teacher prompt (each is a training target)")
+    target_temperature: float = _f(0.0, "sft/bct: temperature of the generated answers (0 = greedy)")
+    # ACT / MLPCT / AttCT: internal consistency
+    layers: str = _f("", "act/mlpct/attct: comma-separated decoder layer indices, negative from the end "
+                         "(default: every layer; write --layers=-1,0 when the list starts with a minus)")
+    act_weight: float = _f(1e-4, "act: weight of the residual-stream squared-L2 loss")
+    mlpct_weight: float = _f(1.0, "mlpct: weight of the MLP-hidden-state cosine-distance loss")
+    attct_weight: float = _f(1.0, "attct: weight of the attention Jensen-Shannon loss")
     # sampling
     n_samples: int = _f(4, "responses sampled per pair per step")
     temperature: float = _f(1.0, "sampling temperature")
@@ -73,3 +85,12 @@ class TrainConfig:
             raise ValueError(f"temperature must be > 0 (got {self.temperature})")
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise ValueError("min_new_tokens must lie between 0 and max_new_tokens")
+        if self.target_n < 1:
+            raise ValueError(f"target_n must be >= 1 (got {self.target_n})")
+        if self.target_temperature < 0:
+            raise ValueError(f"target_temperature must be >= 0 (got {self.target_temperature})")
+        if self.target_n > 1 and self.target_temperature == 0 and not self.targets:
+            raise ValueError("target_n > 1 needs target_temperature > 0 (greedy decoding gives n identical answers)")
+        if self.targets and self.method != "sft":
+            raise ValueError(f"--targets is for --method sft only (got --method {self.method}; BCT trains on the "
+                             f"model's own answers)")

@@ -8,6 +8,7 @@ from typing import Callable, ContextManager
 
 import torch
 
+from opct.pairs.schema import Pair
 from opct.policy import HFPolicy
 from opct.train.config import TrainConfig
 
@@ -28,7 +29,8 @@ class StepContext:
     policy: HFPolicy  # the same student, unwrapped: render, sample, eos and pad ids
     teacher: Callable[[], ContextManager[torch.nn.Module]]  # `with run.teacher() as t:` -> frozen starting model
     prompts: dict[str, RenderedPair]  # pair id -> rendered prompts (checked against the context length)
-    step: int = 0  # optimizer steps done before this one
+    pairs: dict[str, Pair] = field(default_factory=dict)  # pair id -> the pair (messages, task, meta)
+    step: int = 0  # optimizer steps done before this one (in `prepare`: the step the run resumes from)
     cache: dict = field(default_factory=dict)  # scratch space for methods that precompute (e.g. offline targets)
 
     def autocast(self) -> ContextManager:

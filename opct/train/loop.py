@@ -18,7 +18,7 @@ import math
 import random
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,7 +31,8 @@ from opct.train.checkpoint import latest_checkpoint, load_checkpoint, save_check
 from opct.train.config import RESUMABLE_CHANGES, TrainConfig
 from opct.train.context import RenderedPair, StepContext
 
-# Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped.
+# Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped. A key
+# that a method does not define (e.g. `mean_delta` for SFT) is written as null.
 METRIC_KEYS = ("step", "loss", "mean_delta", "student_entropy", "teacher_ce", "response_len", "truncated_frac",
                "tokens_per_s", "grad_norm", "lr", "tokens", "step_time_s", "skipped", "nan_steps")
 
@@ -124,6 +125,8 @@ def _prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
     if config.resume and saved_path.exists():
         saved = json.loads(saved_path.read_text(encoding="utf-8"))
         now = asdict(config)
+        # a field added after the run was started counts as its default (so older runs stay resumable)
+        saved = {**{f.name: f.default for f in fields(TrainConfig)}, **saved}
         diff = [k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
         if diff:
             raise OpctError(f"{out}: cannot resume with a different configuration; changed: "
@@ -168,7 +171,7 @@ def train(config: TrainConfig) -> Path:
     from tqdm.auto import tqdm
     from transformers import get_scheduler
 
-    from opct.methods import METHODS
+    from opct.methods import METHODS, PREPARE
 
     if config.method not in METHODS:
         raise OpctError(f"unknown method {config.method!r}; known: {', '.join(METHODS)}")
@@ -206,7 +209,10 @@ def train(config: TrainConfig) -> Path:
     if acc.is_main_process:
         _truncate_metrics(out / "metrics.jsonl", start)
 
-    run = StepContext(config=config, accelerator=acc, model=model, policy=policy, teacher=teacher, prompts=prompts)
+    run = StepContext(config=config, accelerator=acc, model=model, policy=policy, teacher=teacher, prompts=prompts,
+                      pairs={p.id: p for p in pairs}, step=start)
+    if config.method in PREPARE:  # once per run, before the first step: offline targets, alignments, checks
+        PREPARE[config.method](run)
     writer = _tensorboard(out, config.tensorboard) if acc.is_main_process else None
     bar = tqdm(total=config.max_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,
                disable=not acc.is_main_process)
@@ -233,8 +239,9 @@ def train(config: TrainConfig) -> Path:
         state["pairs_consumed"] += per_step
         seconds = time.perf_counter() - t0
 
-        record = {"step": step, **stats, "tokens_per_s": stats["tokens"] / seconds, "grad_norm": grad_norm,
-                  "lr": lr, "step_time_s": seconds, "skipped": not finite, "nan_steps": state["nan_steps"]}
+        record = {**dict.fromkeys(METRIC_KEYS), "step": step, **stats, "tokens_per_s": stats["tokens"] / seconds,
+                  "grad_norm": grad_norm, "lr": lr, "step_time_s": seconds, "skipped": not finite,
+                  "nan_steps": state["nan_steps"]}
         if acc.is_main_process:
             with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
                 f.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)

@@ -1,0 +1,232 @@
+"""SFT and BCT: supervised fine-tuning on offline targets (DESIGN §4).
+
+What they really are: before training, the frozen starting model (the teacher) answers every *teacher* (clean)
+prompt once — greedily by default, or `target_n` samples at `target_temperature`. Those answers are written to
+RUN/targets.jsonl (pair id, both prompts, the answer's text and token ids) and never regenerated: a resumed run reads
+them back. Training is then plain cross-entropy on (student prompt -> stored answer): loss on the answer tokens only,
+EOS included, summed and divided by the number of answer tokens in the whole optimizer step (all micro-batches and
+processes), as OPCT normalises.
+
+BCT (bias-augmented consistency training) is exactly this with the model's own answers as targets. In opct the
+teacher *is* the starting model, so `--method sft` without `--targets` and `--method bct` compute the same thing;
+the difference is that SFT may instead take its targets from a file (`--targets FILE`, JSONL {"id", "response"},
+several lines per id allowed), which is copied into RUN/targets.jsonl so the run does not depend on it later.
+Unlike OPCT, the targets are fixed and off-policy: the student imitates answers it did not produce itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from opct.activations import pad_left
+from opct.errors import DataError, OpctError
+from opct.losses import entropy, log_probs, response_mask, token_logprobs
+from opct.pairs.schema import Pair, load_pairs, read_jsonl, write_jsonl_atomic
+from opct.policy import pack, response_logits
+from opct.train.context import StepContext
+
+TARGETS_FILE = "targets.jsonl"
+
+
+@dataclass
+class Target:
+    response_ids: list[int]  # the answer's tokens, up to and including the first EOS (none if truncated)
+    truncated: bool  # the teacher ran out of max_new_tokens before an EOS
+
+
+# ------------------------------------------------------------------------------------------------ offline targets
+
+@torch.no_grad()
+def generate(model, policy, prompts_ids: list[list[int]], max_new_tokens: int, temperature: float) -> list[Target]:
+    """One answer per prompt from `model`: greedy when `temperature` is 0, else pure temperature sampling (no
+    top-k / top-p), stopping at EOS. The answer is cut after its first EOS, which is kept."""
+    from transformers import GenerationConfig
+
+    batch = pad_left(prompts_ids, policy.pad_id, policy.device)
+    sampled = temperature > 0
+    gen = GenerationConfig(do_sample=sampled, temperature=temperature if sampled else None,
+                           top_k=0 if sampled else None, top_p=1.0 if sampled else None,
+                           max_new_tokens=max_new_tokens, eos_token_id=policy.eos_ids, pad_token_id=policy.pad_id,
+                           use_cache=True)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.generate(input_ids=batch.input_ids_B_W, attention_mask=batch.attention_mask_B_W,
+                             generation_config=gen)
+    finally:
+        model.train(was_training)
+    targets = []
+    eos = torch.tensor(policy.eos_ids)
+    for row in out[:, batch.width:].cpu():
+        hits = torch.isin(row, eos).nonzero()
+        n = int(hits[0]) + 1 if len(hits) else len(row)
+        targets.append(Target(row[:n].tolist(), truncated=not len(hits)))
+    return targets
+
+
+def teacher_answers(run: StepContext, pair_ids: list[str]) -> dict[str, list[Target]]:
+    """`target_n` answers of the starting model to the teacher prompt of each pair, in batches of `batch_size`."""
+    from tqdm.auto import tqdm
+
+    cfg = run.config
+    out: dict[str, list[Target]] = {}
+    bar = tqdm(total=len(pair_ids), desc=f"{cfg.method} targets", dynamic_ncols=True,
+               disable=not run.accelerator.is_main_process)
+    with run.teacher() as teacher:
+        for i in range(0, len(pair_ids), cfg.batch_size):
+            chunk = pair_ids[i:i + cfg.batch_size]
+            prompts = [run.prompts[pid].teacher_ids for pid in chunk for _ in range(cfg.target_n)]
+            answers = generate(teacher, run.policy, prompts, cfg.max_new_tokens, cfg.target_temperature)
+            for j, pid in enumerate(chunk):
+                out[pid] = answers[j * cfg.target_n:(j + 1) * cfg.target_n]
+            bar.update(len(chunk))
+    bar.close()
+    return out
+
+
+def tokenize_response(policy, messages: list[dict], text: str) -> list[int]:
+    """The tokens the model should emit after `messages` to answer `text`, ending with EOS: the chat template's
+    rendering of the assistant turn, minus the prompt (cut after the first EOS; EOS appended if the template ends
+    the turn without one)."""
+    prompt = policy.render(messages)
+    full = policy.render(messages + [{"role": "assistant", "content": text}], add_generation_prompt=False)
+    if full[:len(prompt)] == prompt:
+        tail = full[len(prompt):]
+    else:  # a template that renders the prompt differently once an answer follows
+        tail = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+    for k, t in enumerate(tail):
+        if t in policy.eos_ids:
+            return tail[:k + 1]
+    return tail + [policy.eos_ids[0]]
+
+
+def read_targets(path, run: StepContext, stored: bool) -> dict[str, list[Target]]:
+    """Targets from a JSONL file, checked line by line (`file:line: field: problem`).
+
+    `stored`: the run's own RUN/targets.jsonl, whose `response_ids` are used as written. A user's file gives text
+    only (`response`), tokenized here under each pair's student prompt; ids of pairs outside the selected split are
+    skipped, ids unknown to the pairs file are an error.
+    """
+    known = {p.id for p in load_pairs(run.config.pairs)} if not stored else set(run.pairs)
+    vocab = len(run.policy.tokenizer)
+    limit = run.policy.max_positions
+    out: dict[str, list[Target]] = {}
+    for n, obj in read_jsonl(path):
+        if not isinstance(obj, dict):
+            raise DataError(path, n, "<record>", "must be a JSON object")
+        pid = obj.get("id")
+        if not isinstance(pid, str) or not pid:
+            raise DataError(path, n, "id", "missing or not a non-empty string")
+        if pid not in known:
+            raise DataError(path, n, "id", f"unknown pair id {pid!r} (not in {run.config.pairs})")
+        text = obj.get("response")
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(path, n, "response", "missing, not a string, or empty")
+        if pid not in run.pairs:  # a pair of another split
+            continue
+        if stored:
+            ids = obj.get("response_ids")
+            if not (isinstance(ids, list) and ids and all(isinstance(t, int) and 0 <= t < vocab for t in ids)):
+                raise DataError(path, n, "response_ids", f"must be a non-empty list of token ids below {vocab}")
+            target = Target(ids, bool(obj.get("truncated", False)))
+        else:
+            target = Target(tokenize_response(run.policy, run.pairs[pid].student, text), truncated=False)
+        total = len(run.prompts[pid].student_ids) + len(target.response_ids)
+        if limit is not None and total > limit:
+            raise DataError(path, n, "response", f"{len(target.response_ids)} tokens; after the student prompt of "
+                                                 f"pair {pid} that is {total}, over the model's {limit} positions")
+        out.setdefault(pid, []).append(target)
+    missing = [pid for pid in run.pairs if pid not in out]
+    if missing:
+        raise OpctError(f"{path}: no target for {len(missing)} of the {len(run.pairs)} training pairs "
+                        f"(first: {', '.join(missing[:3])})")
+    return out
+
+
+def _records(run: StepContext, targets: dict[str, list[Target]], source: str) -> list[dict]:
+    tok = run.policy.tokenizer
+    rows = []
+    for pid, pair in run.pairs.items():
+        for k, t in enumerate(targets[pid]):
+            rows.append({"id": pid, "sample": k, "source": source, "teacher": pair.teacher, "student": pair.student,
+                         "response": tok.decode(t.response_ids, skip_special_tokens=True),
+                         "response_ids": t.response_ids, "truncated": t.truncated})
+    return rows
+
+
+def prepare(run: StepContext) -> None:
+    """Load or make the targets (once per run) and keep them in `run.cache["targets"]`.
+
+    Fresh run: generate them (or read `--targets`) and write RUN/targets.jsonl atomically. Resumed run: read
+    RUN/targets.jsonl back — never regenerate, since the student has already trained on those targets.
+    """
+    from accelerate.utils import gather_object
+
+    cfg, acc = run.config, run.accelerator
+    path = Path(cfg.out) / TARGETS_FILE
+    if cfg.resume and path.exists():
+        run.cache["targets"] = read_targets(path, run, stored=True)
+        return
+    if run.step > 0:
+        raise OpctError(f"{path}: missing, but the run resumes from step {run.step}; the targets it trained on are "
+                        f"lost, so it cannot continue exactly. Start a new run (another --out)")
+    if cfg.targets:
+        targets = read_targets(cfg.targets, run, stored=False)
+        source = f"file:{cfg.targets}"
+    else:  # every process answers its share of the pairs; all of them get all answers
+        ids = list(run.pairs)
+        mine = teacher_answers(run, ids[acc.process_index::acc.num_processes])
+        targets = {}
+        for part in gather_object([mine]):
+            targets.update(part)
+        source = "starting model on the teacher prompt"
+    if acc.is_main_process:
+        write_jsonl_atomic(path, _records(run, targets, source))
+    acc.wait_for_everyone()
+    run.cache["targets"] = targets
+
+
+# ------------------------------------------------------------------------------------------------ the step
+
+def sft_step(run: StepContext, micro_batches: list[list[Pair]]) -> dict[str, float]:
+    """Cross-entropy on (student prompt -> stored target) for every target of every pair in the step."""
+    cfg, acc, policy = run.config, run.accelerator, run.policy
+    targets: dict[str, list[Target]] = run.cache["targets"]
+    batches = []
+    for pairs in micro_batches:
+        rows = [(run.prompts[p.id].student_ids, t) for p in pairs for t in targets[p.id]]
+        batch = pack([s for s, _ in rows], [t.response_ids for _, t in rows], policy.pad_id, acc.device)
+        mask_B_R = response_mask(batch.response_ids_B_R, batch.response_lengths_B, policy.eos_ids)
+        batches.append((batch, mask_B_R, len(rows), sum(t.truncated for _, t in rows)))
+
+    local = sum(mask_B_R.sum() for _, mask_B_R, _, _ in batches)
+    total_tokens = acc.reduce(local.double(), reduction="sum")
+    scale = acc.num_processes / total_tokens  # see opct_step: DDP's gradient average becomes the global sum
+
+    sums = torch.zeros(4, dtype=torch.float64, device=acc.device)  # CE, student entropy, rows, truncated rows
+    for i, (batch, mask_B_R, rows, truncated) in enumerate(batches):
+        with run.grad_sync(last_micro_batch=i == len(batches) - 1):
+            with run.autocast():
+                logp_B_R_V = log_probs(response_logits(run.model, batch))
+            nll_B_R = -token_logprobs(logp_B_R_V, batch.response_ids_B_R)
+            acc.backward((nll_B_R * mask_B_R).sum() * scale)
+        with torch.no_grad():
+            sums += torch.stack([(nll_B_R.detach() * mask_B_R).sum(), (entropy(logp_B_R_V.detach()) * mask_B_R).sum(),
+                                 mask_B_R.new_tensor(rows), mask_B_R.new_tensor(truncated)]).to(sums)
+        del logp_B_R_V, nll_B_R
+    sums = acc.reduce(sums, reduction="sum")
+    n = float(total_tokens)
+    return {"loss": float(sums[0]) / n, "student_entropy": float(sums[1]) / n, "response_len": n / float(sums[2]),
+            "truncated_frac": float(sums[3]) / float(sums[2]), "tokens": n}
+
+
+def prepare_bct(run: StepContext) -> None:
+    if run.config.targets:  # also refused by TrainConfig; kept here for callers that build a context by hand
+        raise OpctError("--targets is for --method sft; BCT trains on the model's own answers")
+    prepare(run)
+
+
+bct_step = sft_step
