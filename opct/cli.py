@@ -15,6 +15,7 @@ COMMANDS = {
     "pairs": "opct.commands.pairs",
     "demo": "opct.commands.demo",
     "train": "opct.commands.train",
+    "eval": "opct.commands.eval",
 }
 
 

@@ -1,0 +1,59 @@
+"""Batched sampling through the policy interface, shared by every suite.
+
+Suites hand over a list of chat prompts and get one response text per prompt, in order. Prompts are rendered once,
+checked against the model's context (when the policy can tell), sorted by length so each batch pads little, and
+sampled in batches of `batch_size` at `temperature` (1.0 by default: DESIGN §5 — behaviour rates are measured by
+sampling, not greedy decoding).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+Messages = list[dict]
+
+
+@dataclass
+class Gen:
+    """How responses are sampled."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    batch_size: int = 64
+    progress: bool = False
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch's sampler if torch is in use (a scripted policy never imports it)."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(seed)
+
+
+def generate(policy, prompts: list[Messages], gen: Gen = Gen(), seed: int = 0, desc: str = "sampling") -> list[str]:
+    """One sampled response text per prompt, in the order given."""
+    if not prompts:
+        return []
+    ids = [policy.render(m) for m in prompts]
+    if hasattr(policy, "check_fits"):
+        for i, p in enumerate(ids):
+            policy.check_fits(p, gen.max_new_tokens, f"{desc} prompt {i}")
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out: list[str | None] = [None] * len(ids)
+    seed_everything(seed)
+    bar = None
+    if gen.progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(ids), desc=desc, mininterval=2.0, leave=False)
+    for start in range(0, len(order), gen.batch_size):
+        chunk = order[start:start + gen.batch_size]
+        texts = policy.sample([ids[i] for i in chunk], max_new_tokens=gen.max_new_tokens,
+                              temperature=gen.temperature).texts
+        for i, t in zip(chunk, texts):
+            out[i] = t
+        if bar is not None:
+            bar.update(len(chunk))
+    if bar is not None:
+        bar.close()
+    return out  # type: ignore[return-value]
