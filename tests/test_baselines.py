@@ -30,18 +30,8 @@ INTERNAL = ["act", "mlpct", "attct"]
 SMALL = dict(lora_r=4, batch_size=4, max_new_tokens=8, tensorboard=False)
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    return tiny_lm.model_dir()
-
-
-@pytest.fixture(scope="module")
-def pairs_file(tmp_path_factory):
-    return tiny_lm.write_pairs(tmp_path_factory.mktemp("pairs") / "pairs.jsonl")
-
-
-def metrics(run):
-    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+from tiny_lm import model_dir_fixture, pairs_file  # noqa: E402,F401  (module-scoped fixtures shared with other suites)
+from tiny_lm import read_metrics as metrics  # noqa: E402
 
 
 def test_every_baseline_is_registered():

@@ -125,3 +125,20 @@ def model_dir(pretrained: bool = True, steps: int = 120) -> Path:
     if pretrained:
         pretrain(model, tok, steps=steps)
     return save(model, tok, Path(_TMP) / f"model-{int(pretrained)}-{steps}")
+
+
+@pytest.fixture(scope="module", name="model_dir")
+def model_dir_fixture():
+    """Module-scoped fixture `model_dir`: the tiny pretrained model's directory."""
+    return model_dir()
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tmp_path_factory):
+    """Module-scoped fixture: the tiny world's pairs written to a JSONL file."""
+    return write_pairs(tmp_path_factory.mktemp("pairs") / "pairs.jsonl")
+
+
+def read_metrics(run):
+    """The run's metrics.jsonl as a list of dicts."""
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
