@@ -359,12 +359,7 @@ def _cli_args(model_dir, pairs_file, out, *extra):
             "--batch-size", "4", "--max-new-tokens", "8", "--no-tensorboard", *extra]
 
 
-def _cli_error(capsys, argv) -> str:
-    assert main(argv) == 1
-    err = capsys.readouterr().err
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("opct: error: ") and "Traceback" not in err, err
-    return last
+_cli_error = tiny_lm.cli_error
 
 
 def test_sft_targets_from_a_file(tmp_path, model_dir, pairs_file, capsys):

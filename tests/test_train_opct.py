@@ -247,13 +247,7 @@ def test_nan_steps_are_skipped_counted_and_stop_the_run(tmp_path, model_dir, pai
     assert all(bool(torch.isfinite(v).all()) for v in good.values())
 
 
-def _cli_error(capsys, argv) -> str:
-    assert main(argv) == 1
-    err = capsys.readouterr().err
-    # (other stderr lines are transformers' progress bars) one error line, no traceback
-    last = err.strip().splitlines()[-1]
-    assert last.startswith("opct: error: ") and "Traceback" not in err, err
-    return last
+_cli_error = tiny_lm.cli_error
 
 
 def _bad_pairs(tmp_path, edit):

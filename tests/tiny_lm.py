@@ -142,3 +142,15 @@ def pairs_file(tmp_path_factory):
 def read_metrics(run):
     """The run's metrics.jsonl as a list of dicts."""
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def cli_error(capsys, argv) -> str:
+    """Run `opct ARGV`, expect exit 1 and one `opct: error:` line with no traceback; return that line.
+    (Other stderr lines are transformers' progress bars.)"""
+    from opct.cli import main
+
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("opct: error: ") and "Traceback" not in err, err
+    return last
