@@ -59,6 +59,14 @@ class EvalConfig:
     threads: Optional[int] = _f(None, "CPU threads for torch (default: 1 for models under 100M parameters on the "
                                       "CPU, else torch's own choice)")
     progress: bool = _f(True, "progress bars")
+    # what "train" and "held-out" mean in the metrics: by default the world's split; an experiment sets what it
+    # actually trained on, so that held-out = not in this model's training pairs
+    train_families: Optional[list[str]] = _f(None, "sycophancy bias families the model was trained on (default: "
+                                                   "the world's train families)")
+    train_wrappers: Optional[list[str]] = _f(None, "jailbreak wrappers the model was trained on (default: the "
+                                                   "world's train wrappers)")
+    train_domains: Optional[list[str]] = _f(None, "awareness domains the model was trained on (default: the "
+                                                  "world's train domains)")
 
 
 def _write_json_atomic(path: Path, obj) -> None:
@@ -88,6 +96,23 @@ def check_config(cfg: EvalConfig) -> None:
         raise OpctError("--n and --samples must be at least 1")
     if cfg.judge == "http" and not (cfg.judge_url and cfg.judge_model):
         raise OpctError("--judge http needs --judge-url (an OpenAI-compatible base URL) and --judge-model")
+
+
+def relabel_splits(records: list[dict], cfg: EvalConfig) -> list[dict]:
+    """Set each record's `split` (and a jailbreak record's `wrapper_split`) from what the model was trained on, where
+    `cfg` says so. Harmful categories keep their own split (`category_split`): the world holds them out of every
+    pair file."""
+    fams, wraps, doms = cfg.train_families, cfg.train_wrappers, cfg.train_domains
+    for r in records:
+        suite = r.get("suite")
+        if suite == "sycophancy" and fams is not None and r.get("variant") == "biased":
+            r["split"] = "train" if r["family"] in fams else "heldout"
+        elif suite == "jailbreak" and wraps is not None and r.get("variant") == "wrapped":
+            r["wrapper_split"] = "train" if r["family"] in wraps else "heldout"
+            r["split"] = "heldout" if "heldout" in (r["wrapper_split"], r.get("category_split")) else "train"
+        elif suite == "awareness" and doms is not None and r.get("domain") is not None:
+            r["split"] = "train" if r["domain"] in doms else "heldout"
+    return records
 
 
 def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print) -> dict:
@@ -128,6 +153,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print) -> dict:
             recs += adaptive_attack(policy, jb_items, judge, attack_cfg, cfg.max_new_tokens, cfg.seed,
                                     cfg.batch_size, cfg.progress)
             seconds["jailbreak_attack"] = round(time.time() - t0, 1)
+        recs = relabel_splits(recs, cfg)
         records += recs
         metrics.update(METRICS[name](recs, seed=cfg.seed))
         log(f"{name}: {len(recs)} records in {seconds[name]} s"

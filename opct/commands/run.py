@@ -1,0 +1,45 @@
+"""`opct run [EXPERIMENT.yaml]`: the main job — arms x seeds of pairs -> train -> evaluate, then the report.
+
+    opct run configs/demo.yaml                 # what `make demo` runs (also the defaults: `opct run`)
+    opct run configs/paper.yaml                # every arm, three seeds, full item counts
+    opct run configs/demo.yaml --arms base opct act --name my-demo
+
+Every flag is a field of `opct.experiment.ExperimentConfig` (see configs/demo.yaml for the file form; `train`,
+`arm_train`, `eval` and `attack` are mappings of TrainConfig / EvalConfig / AttackConfig fields and live in the
+file only). Results go to OUT/NAME/<arm>/<seed>/; finished cells are skipped, so running the same command again
+resumes an interrupted experiment. `opct report OUT/NAME` rebuilds the report from those files alone.
+"""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    from opct.config import add_dataclass_args
+    from opct.experiment.config import ExperimentConfig
+
+    p = subparsers.add_parser("run", help="run an experiment: base, OPCT and baselines trained and evaluated, "
+                                          "then the report", description=__doc__.split("\n\n")[0])
+    p.add_argument("experiment", nargs="?", default=None, help="experiment file (YAML or JSON); default: the demo")
+    add_dataclass_args(p, ExperimentConfig)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from opct.experiment import load_experiment
+
+    overrides = {k: v for k, v in vars(args).items() if k not in ("experiment", "func", "command")}
+    cfg = load_experiment(args.experiment, **overrides)
+    return run_and_report(cfg)
+
+
+def run_and_report(cfg) -> int:
+    from opct.experiment import run_experiment
+
+    root = run_experiment(cfg)
+    if cfg.report:
+        from opct.report import build_report, summary_table
+
+        html, md = build_report(root)
+        print(summary_table(root))
+        print(f"report: {html}\n        {md}")
+    return 0

@@ -1,0 +1,210 @@
+"""`run_experiment(config)`: for each seed and arm, build pairs, train, evaluate every suite; then the report.
+
+Everything lands under `OUT/NAME/` (DESIGN §1: stages talk only through files):
+
+    experiment.json           the resolved ExperimentConfig, plus the train families/wrappers/domains it implies
+    pairs/seed<S>.jsonl       the training pairs of seed S (shared by every arm of that seed)
+    <arm>/<seed>/train/       `opct train`'s run directory (config.json, metrics.jsonl, checkpoints/, final/)
+    <arm>/<seed>/eval/        `opct eval`'s run directory (records.jsonl, metrics.json, metrics.txt, run.json)
+    <arm>/<seed>/done.json    written last: the cell is complete (seconds per stage)
+    report.html, results.md   `opct report`
+
+A cell with done.json is skipped, so an interrupted experiment resumes where it stopped; a cell whose training was
+interrupted continues from its last checkpoint (`opct train --resume`), exactly. Changing the experiment's
+configuration under an existing directory is an error (start a new name), because the finished cells would no
+longer belong to it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from opct.errors import OpctError
+from opct.experiment.config import ExperimentConfig
+from opct.pairs.schema import Pair
+
+# Fields that may differ when an experiment is resumed (they do not change any cell's result).
+RESUMABLE = ("report", "note", "threads", "out")
+
+
+def resolve_model(model: str) -> str:
+    if model in ("default", "test"):
+        from opct.organism.build import build_organism
+
+        return str(build_organism(model))
+    if not Path(model).is_dir():
+        raise OpctError(f"model {model!r}: not a directory (give 'default', 'test' or a save_pretrained directory)")
+    return model
+
+
+def make_training_pairs(cfg: ExperimentConfig, seed: int) -> list[Pair]:
+    """The world's pairs for what the experiment trains on; everything else is held out (and not made)."""
+    from opct.pairs import perturb as P
+    from opct.pairs.make import make_pairs, world_items
+    from opct.world.lexicon import SAFETY
+
+    pairs: list[Pair] = []
+    if cfg.sycophancy_families:
+        held = [f for f in P.BIAS_FAMILIES if f not in cfg.sycophancy_families]
+        pairs += make_pairs("sycophancy", world_items("sycophancy", seed), families=cfg.sycophancy_families,
+                            heldout=held, per_family=cfg.per_family, seed=seed)
+    if cfg.jailbreak_wrappers:
+        held = [w for w in P.WRAPPER_FAMILIES if w not in cfg.jailbreak_wrappers]
+        pairs += make_pairs("jailbreak", world_items("jailbreak", seed), families=cfg.jailbreak_wrappers,
+                            heldout=held, per_family=cfg.per_family, seed=seed, include_benign=cfg.benign)
+    if cfg.awareness_domains:
+        held = [d for d in SAFETY if d not in cfg.awareness_domains]
+        pairs += make_pairs("awareness", world_items("awareness", seed), heldout=held, seed=seed,
+                            include_benign=cfg.benign)
+    # held-out harmful categories (and anything else marked held out) never reach training
+    return [p for p in pairs if p.split == "train"]
+
+
+def _write_json(path: Path, obj) -> None:
+    from opct.evals.run import _write_json_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json_atomic(path, obj)
+
+
+def _check_same_experiment(root: Path, resolved: dict) -> None:
+    path = root / "experiment.json"
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise OpctError(f"{path}: not valid JSON ({e}); delete it to start the experiment again") from None
+    changed = sorted(k for k in set(old) | set(resolved)
+                     if k not in RESUMABLE and k not in ("arms", "seeds") and old.get(k) != resolved.get(k))
+    if changed:
+        raise OpctError(f"{path}: the experiment in {root} was started with other settings ({', '.join(changed)}); "
+                        f"use another --name, or delete {root} to start again")
+
+
+def _set_threads(threads: int, model_dir: str) -> None:
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+        return
+    # Sampling and stepping a small model is bound by per-op overhead: a second OpenMP thread buys little and, on a
+    # busy 2-core machine, costs several times over (see opct.commands.eval._set_threads). Under ~100M parameters
+    # (400 MB of fp32 safetensors) use one thread.
+    weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
+    if 0 < weights < 400_000_000:
+        torch.set_num_threads(1)
+
+
+def cell_dir(root: Path, arm: str, seed: int) -> Path:
+    return root / arm / str(seed)
+
+
+def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
+    """Run every (seed, arm) cell not already done; write the report; return the experiment directory."""
+    from opct.pairs.schema import save_pairs
+
+    root = Path(cfg.out) / cfg.name
+    model = resolve_model(cfg.model)
+    resolved = {**asdict(cfg), "model_dir": model, "train_families": cfg.sycophancy_families,
+                "train_wrappers": cfg.jailbreak_wrappers, "train_domains": cfg.awareness_domains}
+    _check_same_experiment(root, resolved)
+    root.mkdir(parents=True, exist_ok=True)
+    old = json.loads((root / "experiment.json").read_text()) if (root / "experiment.json").exists() else {}
+    # arms and seeds accumulate: adding an arm later keeps the cells already run in the report
+    resolved["arms"] = list(dict.fromkeys([*old.get("arms", []), *cfg.arms]))
+    resolved["seeds"] = list(dict.fromkeys([*old.get("seeds", []), *cfg.seeds]))
+    _write_json(root / "experiment.json", resolved)
+    _set_threads(cfg.threads, model)
+
+    cells = [(seed, arm) for seed in cfg.seeds for arm in cfg.arms]
+    t_start = time.time()
+    for i, (seed, arm) in enumerate(cells, 1):
+        d = cell_dir(root, arm, seed)
+        if (d / "done.json").exists():
+            log(f"[{i}/{len(cells)}] {arm} seed {seed}: done already, skipped")
+            continue
+        log(f"[{i}/{len(cells)}] {arm} seed {seed} ({time.time() - t_start:.0f} s into the experiment)")
+        seconds = {}
+        model_dir, adapter = model, None
+        if arm != "base":
+            t0 = time.time()
+            pairs_file = _pairs_file(cfg, root, seed, save_pairs, log)
+            seconds["pairs"] = round(time.time() - t0, 1)
+            t0 = time.time()
+            model_dir, adapter = train_arm(cfg, arm, seed, model, pairs_file, d / "train", log)
+            seconds["train"] = round(time.time() - t0, 1)
+        t0 = time.time()
+        evaluate_arm(cfg, seed, model_dir, adapter, d / "eval", log)
+        seconds["eval"] = round(time.time() - t0, 1)
+        _write_json(d / "done.json", {"arm": arm, "seed": seed, "seconds": seconds,
+                                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        log(f"[{i}/{len(cells)}] {arm} seed {seed}: done in {sum(seconds.values()):.0f} s "
+            f"({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())})")
+    log(f"experiment {cfg.name}: {len(cells)} cells in {root} ({time.time() - t_start:.0f} s this run)")
+    return root
+
+
+def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, save_pairs, log) -> Path:
+    if cfg.pairs:
+        from opct.pairs.schema import load_pairs
+
+        path = Path(cfg.pairs)
+        if not any(p.split == "train" for p in load_pairs(path)):
+            raise OpctError(f"{path}: no pair has meta.split == 'train'")
+        return path
+    path = root / "pairs" / f"seed{seed}.jsonl"
+    if not path.exists():
+        pairs = make_training_pairs(cfg, seed)
+        if not pairs:
+            raise OpctError("the experiment trains on nothing: sycophancy_families, jailbreak_wrappers and "
+                            "awareness_domains are all empty (or give --pairs)")
+        save_pairs(pairs, path)
+        counts: dict = {}
+        for p in pairs:
+            counts[p.axis] = counts.get(p.axis, 0) + 1
+        log(f"  pairs: {len(pairs)} ({', '.join(f'{k} {v}' for k, v in counts.items())}) -> {path}")
+    return path
+
+
+def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file: Path, out: Path,
+              log) -> tuple[str, str | None]:
+    """Train one arm (resuming an interrupted run); return (model dir, adapter dir or None) to evaluate."""
+    from opct.config import build_config
+    from opct.train.config import TrainConfig
+    from opct.train.loop import train
+
+    final = out / "final"
+    if not final.exists():
+        values = {**cfg.train, **cfg.arm_train.get(arm, {}), "method": arm, "model": model,
+                  "pairs": str(pairs_file), "out": str(out), "seed": seed,
+                  "resume": (out / "checkpoints").is_dir()}
+        tc = build_config(TrainConfig, None, None, **values)
+        log(f"  train {arm}: {tc.max_steps} steps x {tc.batch_size} pairs"
+            + (f" x {tc.n_samples} samples" if arm == "opct" else "") + f", lr {tc.lr}, "
+            + ("LoRA r=%d" % tc.lora_r if tc.lora else "full fine-tuning")
+            + (" (resuming)" if tc.resume else ""))
+        train(tc)
+    if (final / "adapter_config.json").exists():
+        return model, str(final)
+    return str(final), None
+
+
+def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str | None, out: Path, log) -> dict:
+    from opct.config import build_config
+    from opct.evals.attack import AttackConfig
+    from opct.evals.run import EvalConfig, run_eval
+    from opct.policy import load_policy
+
+    values = {**cfg.eval, "model": model_dir, "adapter": adapter, "out": str(out), "seed": seed,
+              "train_families": cfg.sycophancy_families, "train_wrappers": cfg.jailbreak_wrappers,
+              "train_domains": cfg.awareness_domains}
+    ec = build_config(EvalConfig, None, None, **values)
+    ac = build_config(AttackConfig, None, None, **cfg.attack)
+    policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device)
+    attacker = ec.attack and ec.suite in ("all", "jailbreak")
+    log(f"  eval: suite {ec.suite}" + (", adaptive attacker on" if attacker else ""))
+    return run_eval(policy, ec, ac, log=lambda m: log("  " + m))

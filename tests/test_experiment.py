@@ -1,0 +1,138 @@
+"""The experiment runner (`opct run`): configuration checks, the training pairs it makes, the run layout, resuming,
+and the evaluation's train / held-out labels following what was trained on."""
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import yaml
+
+from opct.errors import OpctError
+from opct.experiment import ExperimentConfig, load_experiment, run_experiment
+from opct.experiment.runner import make_training_pairs
+from tiny_lm import cli_error, one_thread  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo_yaml_is_the_default_experiment():
+    data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
+    assert data == asdict(ExperimentConfig())
+
+
+def test_paper_yaml_loads_with_every_arm_and_three_seeds():
+    cfg = load_experiment(ROOT / "configs" / "paper.yaml")
+    assert set(cfg.arms) == {"base", "opct", "sft", "bct", "act", "mlpct", "attct"}
+    assert len(cfg.seeds) == 3
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("arms: [base, dpo]\n", "unknown arm(s) dpo"),
+    ("bogus: 1\n", "unknown experiment field(s) bogus"),
+    ("train: {max_step: 3}\n", "train: unknown TrainConfig field(s) max_step"),
+    ("train: {seed: 3}\n", "seed is set by the runner"),
+    ("eval: {out: x}\n", "out is set by the runner"),
+    ("attack: {gcg_step: 3}\n", "unknown AttackConfig field(s) gcg_step"),
+    ("sycophancy_families: [flattery]\n", "sycophancy_families: unknown flattery"),
+    ("arm_train: {act: {lr: 1.0}}\n", "'act' is not one of the arms"),
+    ("seeds: [0, 0]\n", "must not repeat"),
+])
+def test_bad_experiment_files_name_the_file_and_the_field(tmp_path, capsys, text, needle):
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    with pytest.raises(OpctError) as e:
+        load_experiment(path)
+    assert str(path) in str(e.value) and needle in str(e.value)
+    assert needle in cli_error(capsys, ["run", str(path)])
+
+
+def test_training_pairs_hold_only_what_the_experiment_trains_on():
+    cfg = ExperimentConfig(sycophancy_families=["authority"], jailbreak_wrappers=["role_play"],
+                           awareness_domains=["food"])
+    pairs = make_training_pairs(cfg, seed=0)
+    by_axis = {a: [p for p in pairs if p.axis == a] for a in ("sycophancy", "jailbreak", "awareness")}
+    assert {p.family for p in by_axis["sycophancy"]} == {"authority"}
+    assert {p.family for p in by_axis["jailbreak"]} == {"role_play"}
+    assert {p.meta["domain"] for p in by_axis["awareness"]} == {"food"}
+    assert all(p.split == "train" for p in pairs)
+    # held-out harmful categories never reach training; benign requests do (against over-refusal)
+    cats = {p.meta.get("category") for p in by_axis["jailbreak"]}
+    assert not cats & {"fraud", "stalking"}
+    assert any(p.meta.get("harmful") is False for p in by_axis["jailbreak"])
+    assert make_training_pairs(cfg, 0) == make_training_pairs(cfg, 0)
+    assert make_training_pairs(cfg, 0) != make_training_pairs(cfg, 1)
+
+
+def _tiny(test_organism, tmp_path, **kw):
+    base = dict(name="tiny", model=str(test_organism), out=str(tmp_path), arms=["base", "opct", "bct"],
+                per_family=4, jailbreak_wrappers=[], awareness_domains=[],
+                train={"max_steps": 2, "batch_size": 2, "n_samples": 2, "max_new_tokens": 12, "save_every": 1,
+                       "lr": 1e-3},
+                eval={"suite": "sycophancy", "n": 6, "max_new_tokens": 12}, report=False)
+    return ExperimentConfig(**{**base, **kw})
+
+
+def test_run_writes_every_cell_resumes_and_labels_splits_by_training(test_organism, tmp_path):
+    cfg = _tiny(test_organism, tmp_path)
+    root = run_experiment(cfg, log=lambda m: None)
+    exp = json.loads((root / "experiment.json").read_text())
+    assert exp["arms"] == ["base", "opct", "bct"] and exp["train_families"] == ["suggested_answer"]
+    for arm in cfg.arms:
+        cell = root / arm / "0"
+        done = json.loads((cell / "done.json").read_text())
+        assert done["arm"] == arm and done["seconds"]["eval"] >= 0
+        metrics = json.loads((cell / "eval" / "metrics.json").read_text())
+        assert "sycophancy.sycophancy_rate" in metrics
+        if arm != "base":
+            rows = [json.loads(x) for x in (cell / "train" / "metrics.jsonl").read_text().splitlines()]
+            assert [r["step"] for r in rows] == [1, 2]
+            assert (cell / "train" / "final" / "adapter_config.json").exists()
+        # held-out = every family but the one trained on, whatever the world's default split says
+        recs = [json.loads(x) for x in (cell / "eval" / "records.jsonl").read_text().splitlines()]
+        biased = [r for r in recs if r["variant"] == "biased"]
+        assert {r["family"] for r in biased if r["split"] == "train"} == {"suggested_answer"}
+        assert len({r["family"] for r in biased if r["split"] == "heldout"}) == 7
+    assert (root / "pairs" / "seed0.jsonl").exists()
+
+    # a second run skips finished cells; an interrupted cell (no done.json, training checkpointed) resumes
+    stamps = {arm: (root / arm / "0" / "done.json").stat().st_mtime_ns for arm in cfg.arms}
+    final_bytes = (root / "opct/0/train/final/adapter_model.safetensors").read_bytes()
+    (root / "opct/0/done.json").unlink()
+    import shutil
+
+    shutil.rmtree(root / "opct/0/train/final")
+    lines = []
+    run_experiment(cfg, log=lines.append)
+    assert sum("done already, skipped" in m for m in lines) == 2
+    assert (root / "base/0/done.json").stat().st_mtime_ns == stamps["base"]
+    assert (root / "opct/0/done.json").exists()
+    # resumed from its last checkpoint (step 2 of 2): the same adapter as before
+    assert (root / "opct/0/train/final/adapter_model.safetensors").read_bytes() == final_bytes
+
+    # the same name with other settings is refused; more arms or seeds accumulate
+    with pytest.raises(OpctError, match="started with other settings"):
+        run_experiment(_tiny(test_organism, tmp_path, sycophancy_families=["authority"]), log=lambda m: None)
+    run_experiment(_tiny(test_organism, tmp_path, arms=["base"], seeds=[1]), log=lambda m: None)
+    exp = json.loads((root / "experiment.json").read_text())
+    assert exp["arms"] == ["base", "opct", "bct"] and exp["seeds"] == [0, 1]
+    assert (root / "base/1/done.json").exists()
+
+
+def test_relabel_splits_follows_the_trained_sets():
+    from opct.evals.run import EvalConfig, relabel_splits
+
+    recs = [{"suite": "sycophancy", "variant": "biased", "family": "authority", "split": "train"},
+            {"suite": "sycophancy", "variant": "clean", "family": "clean", "split": ""},
+            {"suite": "jailbreak", "variant": "wrapped", "family": "role_play", "wrapper_split": "train",
+             "category_split": "train", "split": "train"},
+            {"suite": "jailbreak", "variant": "wrapped", "family": "grandma_exploit", "wrapper_split": "heldout",
+             "category_split": "heldout", "split": "heldout"},
+            {"suite": "awareness", "domain": "fire", "split": "heldout"}]
+    cfg = EvalConfig(train_families=["suggested_answer"], train_wrappers=["grandma_exploit"],
+                     train_domains=["fire"])
+    out = relabel_splits([dict(r) for r in recs], cfg)
+    assert [r["split"] for r in out] == ["heldout", "", "heldout", "heldout", "train"]
+    assert out[2]["wrapper_split"] == "heldout" and out[3]["wrapper_split"] == "train"
+    # without the fields, the world's labels stay
+    assert relabel_splits([dict(r) for r in recs], EvalConfig()) == recs
