@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 # Two-sided 95% critical values of Student's t, df = 1..30 (standard tables).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -37,14 +36,14 @@ def t975(df: int) -> float:
 @dataclass
 class Estimate:
     value: float
-    ci_low: Optional[float]
-    ci_high: Optional[float]
+    ci_low: float | None
+    ci_high: float | None
     n_seeds: int
     interval: str  # "bootstrap" (one seed) or "t" (over seeds)
-    higher_is_better: Optional[bool]
+    higher_is_better: bool | None
 
 
-def estimate(run, arm: str, metric: str) -> Optional[Estimate]:
+def estimate(run, arm: str, metric: str) -> Estimate | None:
     """The arm's aggregate for `metric`, or None when no complete seed has a value for it."""
     ms = [c.metrics[metric] for c in run.seed_runs(arm)
           if metric in c.metrics and c.metrics[metric].get("value") is not None]
@@ -83,7 +82,7 @@ def signed(x: float, digits: int = 3) -> str:
     return ("+" if x > 0 else "−") + s
 
 
-def cell_text(est: Optional[Estimate], row_seeds: int = 1, base: Optional[Estimate] = None,
+def cell_text(est: Estimate | None, row_seeds: int = 1, base: Estimate | None = None,
               digits: int = 3) -> str:
     """'0.990 [0.970, 1.000]', plus ' (n=2)' when fewer seeds than the row has, plus ' (−0.005)' versus base."""
     if est is None:

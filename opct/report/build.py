@@ -55,9 +55,8 @@ def _cells_table(run: Run) -> tuple[list[str], list[list[str]]]:
     body = []
     for (arm, seed), c in sorted(run.cells.items(), key=lambda kv: (run.arms.index(kv[0][0]), kv[0][1])):
         sec = c.done.get("seconds") if isinstance(c.done.get("seconds"), dict) else {}
-        fmt = lambda v: "–" if not isinstance(v, (int, float)) else f"{v:.0f}"  # noqa: E731
-        body.append([arm, str(seed), fmt(sec.get("pairs")), fmt(sec.get("train")), fmt(sec.get("eval")),
-                     str(c.done.get("finished", "–"))])
+        secs = [f"{sec[k]:.0f}" if isinstance(sec.get(k), (int, float)) else "–" for k in ("pairs", "train", "eval")]
+        body.append([arm, str(seed), *secs, str(c.done.get("finished", "–"))])
     return header, body
 
 
@@ -95,8 +94,8 @@ def results_markdown(run: Run) -> str:
 def report_html(run: Run) -> str:
     exp = run.experiment
     name = str(exp.get("name", run.dir.name))
-    top = [f"<h1>{page.escape(name)}</h1>", page.para("opct report, written "
-                                                      + _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "small"),
+    written = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    top = [f"<h1>{page.escape(name)}</h1>", page.para(f"opct report, written {written}", "small"),
            page.meta_list(_header(run))]
     if exp.get("note"):
         top.append(page.para("Note: " + str(exp["note"]).strip(), "note"))
@@ -111,7 +110,8 @@ def report_html(run: Run) -> str:
         if t.note:
             frags.append(page.para(t.note, "small"))
         directions = {c.metric: tables.direction(run, c) for c in t.columns}
-        frags.append(page.img_html(plots.metric_grid(run, t, directions), f"{t.title}: each arm with its 95% interval"))
+        alt = f"{t.title}: each arm with its 95% interval"
+        frags.append(page.img_html(plots.metric_grid(run, t, directions), alt))
         sections.append((t.title, frags))
 
     exp_train = {"families": exp.get("train_families"), "wrappers": exp.get("train_wrappers"),

@@ -6,7 +6,6 @@ and `markdown()` / the HTML page render the same rows, so the two files never di
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from opct.report.aggregate import cell_text, estimate
 
@@ -17,7 +16,7 @@ UP, DOWN = "↑", "↓"
 class Column:
     label: str
     metric: str
-    higher_is_better: Optional[bool] = None  # used when no metrics file says
+    higher_is_better: bool | None = None  # used when no metrics file says
     delta: bool = False  # show the change from the base arm
 
 
@@ -144,7 +143,7 @@ def summary_table() -> Table:
 
 # ------------------------------------------------------------------------------------------------ filling
 
-def direction(run, col: Column) -> Optional[bool]:
+def direction(run, col: Column) -> bool | None:
     """Which way is better: what the metrics files say, else the spec."""
     for cell in run.cells.values():
         m = cell.metrics.get(col.metric)
@@ -180,7 +179,8 @@ def interval_note(run) -> str:
                      "eval items")
     if any(k >= 2 for k in ks):
         parts.append("with two or more seeds, the value is the mean over seeds and the interval a 95% Student-t "
-                     "interval over seeds (mean ± t·s/√k, clipped to the metric's range); '(n=k)' marks a cell with fewer seeds than its row")
+                     "interval over seeds (mean ± t·s/√k, clipped to the metric's range); '(n=k)' marks a cell "
+                     "with fewer seeds than its row")
     if not parts:
         return "No cell is complete yet."
     return "Cells are value [95% interval]: " + "; ".join(parts) + ". ↑ higher is better, ↓ lower is better; " \
@@ -209,6 +209,8 @@ def markdown(header: list[str], body: list[list[str]]) -> str:
 def plain(header: list[str], body: list[list[str]]) -> str:
     """A fixed-width table for a terminal."""
     widths = [max(len(str(r[i])) for r in [header] + body) for i in range(len(header))]
-    fmt = lambda r: "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)  # noqa: E731
-                              for i, (c, w) in enumerate(zip(r, widths)))
-    return "\n".join([fmt(header)] + [fmt(r) for r in body])
+
+    def line(r):
+        return "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    return "\n".join([line(header)] + [line(r) for r in body])
