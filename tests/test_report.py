@@ -187,6 +187,31 @@ def test_missing_metrics_are_dashes(tmp_path):
     assert md_table(results(run2), "Safety awareness")["base"]["over-warning ↓"] == "–"
 
 
+def test_non_finite_values_are_dashes_and_header_shows_budgets(tmp_path):
+    m = json.loads(json.dumps(BASE_METRICS))
+    m["awareness.over_warning"]["value"] = float("nan")  # Python's json writes NaN; it is no number to report
+    m["awareness.surfaced"]["ci_low"] = float("nan")
+    exp = dict(EXPERIMENT, arms=["base"], train={"max_steps": 50, "lr": 0.0001, "lora": {"r": 8}},
+               eval={"n": 40, "attack": True})
+    text = results(make_run(tmp_path, exp, {("base", 0): m}))
+    aw = md_table(text, "Safety awareness")
+    assert aw["base"]["over-warning ↓"] == "–"
+    assert aw["base"]["surfaced (all) ↑"] == "0.120"  # the value stands; the broken interval is dropped
+    head = text.split("## 1.", 1)[0]
+    assert "max_steps=50, lr=0.0001" in head and "lora" not in head and "n=40, attack=True" in head
+
+
+def test_training_curves_per_arm(tmp_path):
+    from opct.report import plots
+
+    run = load_run(single_seed_run(tmp_path))
+    assert plots.curve_keys(run.seed_runs("opct")) == ["loss", "grad_norm", "mean_delta"]
+    assert plots.curve_keys(run.seed_runs("bct")) == ["loss", "grad_norm"]  # mean_delta is null for BCT
+    assert plots.curves(run)[:8] == b"\x89PNG\r\n\x1a\n"
+    base_only = load_run(make_run(tmp_path / "b", dict(EXPERIMENT, arms=["base"]), {("base", 0): BASE_METRICS}))
+    assert plots.curves(base_only) is None
+
+
 def test_no_base_arm_and_no_training_still_builds(tmp_path):
     run = make_run(tmp_path, dict(EXPERIMENT, arms=["opct"]), {("opct", 0): {}})
     html, md = build_report(run)
@@ -215,7 +240,7 @@ def test_incomplete_cells_are_listed_and_left_out(tmp_path):
     assert syc["bct"]["sycophancy rate ↓"] == "–" and syc["bct"]["seeds"] == "0/2"
     assert syc["base"]["seeds"] == "1/2" and syc["base"]["sycophancy rate ↓"] == "0.525 [0.488, 0.559]"
     assert "0.999" not in text
-    out = summary_text(load_run(run))
+    out = summary_text(run)
     assert "missing (3)" in out and "bct seed 0" in out
     html = html_path.read_text()
     assert "bct seed 0: incomplete (no done.json)" in html

@@ -46,13 +46,17 @@ class Estimate:
 def estimate(run, arm: str, metric: str) -> Estimate | None:
     """The arm's aggregate for `metric`, or None when no complete seed has a value for it."""
     ms = [c.metrics[metric] for c in run.seed_runs(arm)
-          if metric in c.metrics and c.metrics[metric].get("value") is not None]
+          if metric in c.metrics and c.metrics[metric].get("value") is not None
+          and math.isfinite(c.metrics[metric]["value"])]
     if not ms:
         return None
     hib = next((m["higher_is_better"] for m in ms if isinstance(m.get("higher_is_better"), bool)), None)
     if len(ms) == 1:
         m = ms[0]
-        return Estimate(float(m["value"]), m.get("ci_low"), m.get("ci_high"), 1, "bootstrap", hib)
+        lo, hi = m.get("ci_low"), m.get("ci_high")
+        if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+            lo = hi = None
+        return Estimate(float(m["value"]), lo, hi, 1, "bootstrap", hib)
     xs = [float(m["value"]) for m in ms]
     k = len(xs)
     mean = sum(xs) / k

@@ -35,6 +35,11 @@ def _header(run: Run) -> list[tuple[str, str]]:
             ("model", str(exp.get("model", "?"))), ("arms", ", ".join(run.arms)),
             ("seeds", ", ".join(map(str, run.seeds))),
             ("complete cells", f"{done} of {len(run.arms) * len(run.seeds)}")]
+    for key in ("train", "eval"):  # the budgets, flat: scalar settings only
+        if isinstance(exp.get(key), dict):
+            flat = [f"{k}={v}" for k, v in exp[key].items() if isinstance(v, (str, int, float, bool)) or v is None]
+            if flat:
+                rows.append((f"{key} settings", ", ".join(flat)))
     for key, label in [("train_families", "trained sycophancy families"), ("train_wrappers", "trained wrappers"),
                        ("train_domains", "trained awareness domains")]:
         if exp.get(key):
@@ -60,8 +65,10 @@ def _cells_table(run: Run) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
-def summary_text(run: Run) -> str:
-    """The headline table for a terminal: one line per metric, one column per arm."""
+def summary_text(run) -> str:
+    """The headline table for a terminal: one line per metric, one column per arm. `run`: a Run or its directory."""
+    if not isinstance(run, Run):
+        run = load_run(run)
     header, body = tables.transposed(run, tables.summary_table())
     out = [tables.plain(header, body)]
     if run.missing:
@@ -134,7 +141,7 @@ def report_html(run: Run) -> str:
         sections.append(("Training curves", [
             page.para("Per optimizer step, one line per arm and seed (faint: every step; solid: moving average).",
                       "small"),
-            page.img_html(png, "training curves: " + ", ".join(plots.curve_keys(run)))]))
+            page.img_html(png, "training curves per arm and seed")]))
     if run.cells:
         sections.append(("Cells", [page.table_html(*_cells_table(run))]))
     return page.page(f"opct report: {name}", sections)

@@ -135,38 +135,42 @@ def _smooth(ys: list[float], k: int) -> list[float]:
     return out
 
 
-def curve_keys(run, n_extra: int = 2) -> list[str]:
-    present = {k for c in run.cells.values() for r in c.curve for k, v in r.items()
+def curve_keys(cells, n_extra: int = 2) -> list[str]:
+    """'loss' and the first `n_extra` keys of CURVE_KEYS that these cells log as numbers."""
+    present = {k for c in cells for r in c.curve for k, v in r.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return ["loss"] + [k for k in CURVE_KEYS if k in present][:n_extra]
 
 
 def curves(run):
-    """Training curves, or None when no complete cell trained (a base-only run)."""
-    cells = [c for c in run.cells.values() if c.curve]
-    if not cells:
+    """Training curves: one row of panels per trained arm (each method's loss has its own meaning and scale, so arms
+    do not share an axis), one panel per logged key, one line per seed. None when nothing trained (base only)."""
+    arms = [a for a in run.arms if any(c.curve for c in run.seed_runs(a))]
+    if not arms:
         return None
-    keys = curve_keys(run)
     colors = arm_colors(run.arms)
     styles = ["-", "--", ":", "-."]
-    fig = _figure(4.2 * len(keys), 3.4, bottom=0.6)
-    for i, key in enumerate(keys):
-        ax = fig.add_subplot(1, len(keys), i + 1)
-        for c in sorted(cells, key=lambda c: (run.arms.index(c.arm), c.seed)):
-            xs, ys = _numeric(c.curve, key)
-            if not xs:
-                continue
-            style = styles[run.seeds.index(c.seed) % len(styles)] if c.seed in run.seeds else "-"
-            label = f"{c.arm} seed {c.seed}"
-            if len(xs) > 20:  # raw steps faint, a moving average on top: on-policy losses are noisy
-                ax.plot(xs, ys, style, color=colors[c.arm], alpha=0.25, lw=0.8)
-                ax.plot(xs, _smooth(ys, max(3, len(xs) // 20)), style, color=colors[c.arm], lw=1.5, label=label)
-            else:
-                ax.plot(xs, ys, style, color=colors[c.arm], lw=1.5, marker=".", label=label)
-        ax.set_title(key, fontsize=10)
-        ax.set_xlabel("step", fontsize=9)
-        ax.tick_params(labelsize=8)
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
+    ncol = max(len(curve_keys(run.seed_runs(a))) for a in arms)
+    fig = _figure(3.9 * ncol, 2.5 * len(arms), bottom=0.55, hspace=0.75)
+    for r, arm in enumerate(arms):
+        cells = [c for c in run.seed_runs(arm) if c.curve]
+        for i, key in enumerate(curve_keys(cells)):
+            ax = fig.add_subplot(len(arms), ncol, r * ncol + i + 1)
+            for c in cells:
+                xs, ys = _numeric(c.curve, key)
+                if not xs:
+                    continue
+                style = styles[run.seeds.index(c.seed) % len(styles)]
+                label = f"seed {c.seed}"
+                if len(xs) > 20:  # raw steps faint, a moving average on top: on-policy losses are noisy
+                    ax.plot(xs, ys, style, color=colors[arm], alpha=0.25, lw=0.8)
+                    ax.plot(xs, _smooth(ys, max(3, len(xs) // 20)), style, color=colors[arm], lw=1.5, label=label)
+                else:
+                    ax.plot(xs, ys, style, color=colors[arm], lw=1.5, marker=".", label=label)
+            ax.set_title(f"{arm}: {key}", fontsize=10)
+            ax.set_xlabel("step", fontsize=8)
+            ax.tick_params(labelsize=8)
+            ax.grid(alpha=0.3)
+            if len(cells) > 1 and ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
     return _png(fig)
