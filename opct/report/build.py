@@ -32,7 +32,9 @@ def _header(run: Run) -> list[tuple[str, str]]:
     exp = run.experiment
     done = len(run.cells)
     rows = [("run", str(run.dir)), ("experiment", str(exp.get("name", run.dir.name))),
-            ("model", str(exp.get("model", "?"))), ("arms", ", ".join(run.arms)),
+            ("model", str(exp.get("model", "?")) + (f" ({exp['model_dir']})" if exp.get("model_dir")
+                                                      and exp.get("model_dir") != exp.get("model") else "")),
+            ("arms", ", ".join(run.arms)),
             ("seeds", ", ".join(map(str, run.seeds))),
             ("complete cells", f"{done} of {len(run.arms) * len(run.seeds)}")]
     for key in ("train", "eval"):  # the budgets, flat: scalar settings only
