@@ -274,6 +274,13 @@ def test_malformed_files_name_the_file(tmp_path):
     assert not (run / "report.html").exists() and not (run / "results.md").exists()
 
 
+def test_unwritable_out_dir_is_a_clear_error(tmp_path):
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): {}})
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(OpctError, match=re.escape(str(tmp_path / "a_file"))):
+        build_report(run, tmp_path / "a_file")
+
+
 def test_malformed_training_curve_names_file_and_line(tmp_path):
     run = single_seed_run(tmp_path)
     curve = run / "opct" / "0" / "train" / "metrics.jsonl"

@@ -9,6 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from opct.errors import OpctError
 from opct.report import page, plots, tables
 from opct.report.rundir import Run, load_run
 
@@ -154,10 +155,13 @@ def build_report(run_dir, out_dir=None) -> tuple[Path, Path]:
     Returns (html_path, md_path). Raises OpctError for a missing run or a malformed file (naming it)."""
     run = load_run(run_dir)
     out = Path(out_dir) if out_dir else run.dir
-    out.mkdir(parents=True, exist_ok=True)
     md_path, html_path = out / "results.md", out / "report.html"
     md = results_markdown(run)
     html = report_html(run)
-    _write_atomic(md_path, md)
-    _write_atomic(html_path, html)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_atomic(md_path, md)
+        _write_atomic(html_path, html)
+    except OSError as e:
+        raise OpctError(f"{out}: cannot write the report: {e.strerror or e}") from None
     return html_path, md_path
