@@ -17,6 +17,7 @@ COMMANDS = {
     "train": "opct.commands.train",
     "eval": "opct.commands.eval",
     "run": "opct.commands.run",
+    "report": "opct.commands.report",
 }
 
 

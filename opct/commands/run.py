@@ -37,9 +37,9 @@ def run_and_report(cfg) -> int:
 
     root = run_experiment(cfg)
     if cfg.report:
-        from opct.report import build_report, summary_table
+        from opct.report import build_report, summary_text
 
         html, md = build_report(root)
-        print(summary_table(root))
+        print(summary_text(root))
         print(f"report: {html}\n        {md}")
     return 0

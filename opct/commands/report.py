@@ -1,0 +1,22 @@
+"""`opct report RUN [--out DIR]`: write results.md and a self-contained report.html for a run directory written by
+`opct run`, and print the summary table. Reads only the run's files, so it can be rerun at any time (also on a
+half-finished experiment: the missing cells are listed)."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="results.md + self-contained report.html for a run directory",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("run", metavar="RUN", help="run directory (runs/<name>, holding experiment.json)")
+    p.add_argument("--out", default=None, help="where to write results.md and report.html (default: RUN)")
+    p.set_defaults(func=_report)
+
+
+def _report(args) -> int:
+    from opct.report import build_report, load_run, summary_text
+
+    html, md = build_report(args.run, args.out)
+    print(summary_text(load_run(args.run)))
+    print(f"opct report: {md} and {html}")
+    return 0

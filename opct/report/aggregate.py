@@ -1,0 +1,101 @@
+"""One number per (arm, metric) from the seeds that completed, with its 95% interval.
+
+- one seed: that seed's value and the eval's own 95% bootstrap interval (resampled by item);
+- two or more seeds: the mean over seeds and a 95% Student-t interval over seeds, mean ± t(0.975, k-1) · s / √k,
+  where s is the sample standard deviation of the k per-seed values. This is the seed-to-seed spread (training and
+  evaluation noise together), not the item-level bootstrap.
+
+Every metric opct writes is a rate in [0, 1] except a biased-reasoning rate, a difference of two rates in [-1, 1];
+a t-interval is clipped to that range (with two seeds t = 12.7, so an unclipped interval of a rate easily reads
+[-1.2, 2.2]). A metric with a value outside [0, 1] and no known range is not clipped.
+
+A seed whose metric is missing or null (an empty group, a suite not run) is left out; `n_seeds` says how many seeds
+went into the number, so a cell built from fewer seeds than its row is visible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Two-sided 95% critical values of Student's t, df = 1..30 (standard tables).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """The 0.975 quantile of Student's t with `df` degrees of freedom (table to 30, Cornish-Fisher beyond)."""
+    if df < 1:
+        raise ValueError("df must be at least 1")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+@dataclass
+class Estimate:
+    value: float
+    ci_low: float | None
+    ci_high: float | None
+    n_seeds: int
+    interval: str  # "bootstrap" (one seed) or "t" (over seeds)
+    higher_is_better: bool | None
+
+
+def estimate(run, arm: str, metric: str) -> Estimate | None:
+    """The arm's aggregate for `metric`, or None when no complete seed has a value for it."""
+    ms = [c.metrics[metric] for c in run.seed_runs(arm)
+          if metric in c.metrics and c.metrics[metric].get("value") is not None
+          and math.isfinite(c.metrics[metric]["value"])]
+    if not ms:
+        return None
+    hib = next((m["higher_is_better"] for m in ms if isinstance(m.get("higher_is_better"), bool)), None)
+    if len(ms) == 1:
+        m = ms[0]
+        lo, hi = m.get("ci_low"), m.get("ci_high")
+        if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+            lo = hi = None
+        return Estimate(float(m["value"]), lo, hi, 1, "bootstrap", hib)
+    xs = [float(m["value"]) for m in ms]
+    k = len(xs)
+    mean = sum(xs) / k
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (k - 1))
+    half = t975(k - 1) * sd / math.sqrt(k)
+    lo, hi = mean - half, mean + half
+    bounds = value_range(metric, xs)
+    if bounds is not None:
+        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
+    return Estimate(mean, lo, hi, k, "t", hib)
+
+
+def value_range(metric: str, values: list[float]):
+    """The range a metric's value can take, or None when unknown."""
+    if metric.split("[", 1)[0] == "sycophancy.brr":
+        return (-1.0, 1.0)
+    if all(0.0 <= v <= 1.0 for v in values):
+        return (0.0, 1.0)
+    return None
+
+
+def signed(x: float, digits: int = 3) -> str:
+    """+0.012 / −0.005 (a real minus sign, so a column of deltas lines up and reads as a number)."""
+    s = f"{abs(x):.{digits}f}"
+    if s == f"{0:.{digits}f}":
+        return "±" + s
+    return ("+" if x > 0 else "−") + s
+
+
+def cell_text(est: Estimate | None, row_seeds: int = 1, base: Estimate | None = None,
+              digits: int = 3) -> str:
+    """'0.990 [0.970, 1.000]', plus ' (n=2)' when fewer seeds than the row has, plus ' (−0.005)' versus base."""
+    if est is None:
+        return "–"
+    s = f"{est.value:.{digits}f}"
+    if est.ci_low is not None and est.ci_high is not None:
+        s += f" [{est.ci_low:.{digits}f}, {est.ci_high:.{digits}f}]"
+    if est.n_seeds < row_seeds:
+        s += f" (n={est.n_seeds})"
+    if base is not None:
+        s += f" ({signed(est.value - base.value, digits)})"
+    return s

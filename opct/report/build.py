@@ -1,0 +1,167 @@
+"""`build_report(run_dir)`: read a run directory (see `opct.report.rundir`) and write `results.md` and the
+self-contained `report.html` beside it (or into `out_dir`). Both are written to a temporary file first and renamed,
+so a reader never sees half a report."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import tempfile
+from pathlib import Path
+
+from opct.errors import OpctError
+from opct.report import page, plots, tables
+from opct.report.rundir import Run, load_run
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a report is for reading
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _header(run: Run) -> list[tuple[str, str]]:
+    exp = run.experiment
+    done = len(run.cells)
+    rows = [("run", str(run.dir)), ("experiment", str(exp.get("name", run.dir.name))),
+            ("model", str(exp.get("model", "?")) + (f" ({exp['model_dir']})" if exp.get("model_dir")
+                                                      and exp.get("model_dir") != exp.get("model") else "")),
+            ("arms", ", ".join(run.arms)),
+            ("seeds", ", ".join(map(str, run.seeds))),
+            ("complete cells", f"{done} of {len(run.arms) * len(run.seeds)}")]
+    for key in ("train", "eval"):  # the budgets, flat: scalar settings only
+        if isinstance(exp.get(key), dict):
+            flat = [f"{k}={v}" for k, v in exp[key].items() if isinstance(v, (str, int, float, bool)) or v is None]
+            if flat:
+                rows.append((f"{key} settings", ", ".join(flat)))
+    for key, label in [("train_families", "trained sycophancy families"), ("train_wrappers", "trained wrappers"),
+                       ("train_domains", "trained awareness domains")]:
+        if exp.get(key):
+            rows.append((label, ", ".join(map(str, exp[key]))))
+    return rows
+
+
+def _cells(n: int) -> str:
+    return f"{n} cell" + ("" if n == 1 else "s")
+
+
+def _missing(run: Run) -> list[str]:
+    return [f"{arm} seed {seed}: {why}" for arm, seed, why in run.missing]
+
+
+def _cells_table(run: Run) -> tuple[list[str], list[list[str]]]:
+    header = ["arm", "seed", "pairs s", "train s", "eval s", "finished"]
+    body = []
+    for (arm, seed), c in sorted(run.cells.items(), key=lambda kv: (run.arms.index(kv[0][0]), kv[0][1])):
+        sec = c.done.get("seconds") if isinstance(c.done.get("seconds"), dict) else {}
+        secs = [f"{sec[k]:.0f}" if isinstance(sec.get(k), (int, float)) else "–" for k in ("pairs", "train", "eval")]
+        body.append([arm, str(seed), *secs, str(c.done.get("finished", "–"))])
+    return header, body
+
+
+def summary_text(run) -> str:
+    """The headline table for a terminal: one line per metric, one column per arm. `run`: a Run or its directory."""
+    if not isinstance(run, Run):
+        run = load_run(run)
+    header, body = tables.transposed(run, tables.summary_table())
+    out = [tables.plain(header, body)]
+    if run.missing:
+        out.append(f"missing ({len(run.missing)}): " + "; ".join(_missing(run)))
+    return "\n".join(out)
+
+
+def results_markdown(run: Run) -> str:
+    exp = run.experiment
+    lines = [f"# Results: {exp.get('name', run.dir.name)}", ""]
+    lines += [f"- **{k}**: {v}" for k, v in _header(run)]
+    if exp.get("note"):
+        lines += ["", f"> **Note:** {str(exp['note']).strip()}"]
+    if run.missing:
+        lines += ["", f"**Missing ({_cells(len(run.missing))}, not in the numbers below):**", ""]
+        lines += [f"- {m}" for m in _missing(run)]
+    lines += ["", tables.interval_note(run), ""]
+    for i, t in enumerate(tables.paper_tables(run), 1):
+        lines += [f"## {i}. {t.title}", "", tables.markdown(*tables.rows(run, t)), ""]
+        if t.note:
+            lines += [t.note, ""]
+    lines += ["## Per group", ""]
+    for t in tables.detail_tables(run):
+        lines += [f"### {t.title}", "", tables.markdown(*tables.rows(run, t)), ""]
+        if t.note:
+            lines += [t.note, ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def report_html(run: Run) -> str:
+    exp = run.experiment
+    name = str(exp.get("name", run.dir.name))
+    written = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    top = [f"<h1>{page.escape(name)}</h1>", page.para(f"opct report, written {written}", "small"),
+           page.meta_list(_header(run))]
+    if exp.get("note"):
+        top.append(page.para("Note: " + str(exp["note"]).strip(), "note"))
+    if run.missing:
+        top.append(f'<div class="missing"><b>Missing ({_cells(len(run.missing))}, not in the numbers below):</b>'
+                   + page.bullet_list(_missing(run)) + "</div>")
+    top.append(page.para(tables.interval_note(run), "small"))
+    sections = [("", top), ("Summary", [page.table_html(*tables.transposed(run, tables.summary_table()))])]
+
+    for t in tables.paper_tables(run):
+        frags = [page.table_html(*tables.rows(run, t))]
+        if t.note:
+            frags.append(page.para(t.note, "small"))
+        directions = {c.metric: tables.direction(run, c) for c in t.columns}
+        alt = f"{t.title}: each arm with its 95% interval"
+        frags.append(page.img_html(plots.metric_grid(run, t, directions), alt))
+        sections.append((t.title, frags))
+
+    exp_train = {"families": exp.get("train_families"), "wrappers": exp.get("train_wrappers"),
+                 "domains": exp.get("train_domains")}
+    ylabels = {"families": "sycophancy rate ↓", "wrappers": "defense success ↑", "categories": "defense success ↑",
+               "domains": "surfaced ↑"}
+    frags = []
+    for t in tables.detail_tables(run):
+        frags.append(f"<h3>{page.escape(t.title)}</h3>")
+        frags.append(page.img_html(plots.grouped(run, t, set(exp_train.get(t.key) or []), ylabels.get(t.key, "")),
+                                   t.title))
+        frags.append(page.table_html(*tables.rows(run, t)))
+        if t.note:
+            frags.append(page.para(t.note, "small"))
+    if frags:
+        sections.append(("Training vs held-out groups", frags))
+
+    png = plots.curves(run)
+    if png is not None:
+        sections.append(("Training curves", [
+            page.para("Per optimizer step, one line per arm and seed (faint: every step; solid: moving average).",
+                      "small"),
+            page.img_html(png, "training curves per arm and seed")]))
+    if run.cells:
+        sections.append(("Cells", [page.table_html(*_cells_table(run))]))
+    return page.page(f"opct report: {name}", sections)
+
+
+def build_report(run_dir, out_dir=None) -> tuple[Path, Path]:
+    """Write `report.html` and `results.md` for the run at `run_dir` into `out_dir` (default: the run directory).
+    Returns (html_path, md_path). Raises OpctError for a missing run or a malformed file (naming it)."""
+    run = load_run(run_dir)
+    out = Path(out_dir) if out_dir else run.dir
+    md_path, html_path = out / "results.md", out / "report.html"
+    md = results_markdown(run)
+    html = report_html(run)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        _write_atomic(md_path, md)
+        _write_atomic(html_path, html)
+    except OSError as e:
+        raise OpctError(f"{out}: cannot write the report: {e.strerror or e}") from None
+    return html_path, md_path

@@ -1,0 +1,144 @@
+"""Reading a run directory written by `opct run` (the report reads only these files):
+
+    runs/<name>/experiment.json                   the resolved experiment: name, model, arms, seeds, note, train_* sets
+    runs/<name>/<arm>/<seed>/done.json            present only when the cell (pairs, train, eval) is complete
+    runs/<name>/<arm>/<seed>/train/metrics.jsonl  one JSON object per optimizer step (not for `base`)
+    runs/<name>/<arm>/<seed>/eval/metrics.json    {metric: {"value", "ci_low", "ci_high", "n", "higher_is_better", ...}}
+
+A cell counts only when done.json is there; every other (arm, seed) of the experiment is listed as missing with the
+reason, so a report of a half-finished experiment still builds and says what it lacks. Files that are present but
+malformed are errors naming the file: a report must not silently drop a result.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from opct.errors import DataError, OpctError
+
+
+@dataclass
+class SeedRun:
+    """One complete (arm, seed) cell."""
+
+    arm: str
+    seed: int
+    dir: Path
+    done: dict
+    metrics: dict  # metric name -> metric dict (eval/metrics.json)
+    curve: list[dict] = field(default_factory=list)  # train/metrics.jsonl, one dict per step; [] for base
+
+
+@dataclass
+class Run:
+    dir: Path
+    experiment: dict
+    arms: list[str]
+    seeds: list[int]
+    cells: dict  # (arm, seed) -> SeedRun, complete cells only
+    missing: list[tuple[str, int, str]]  # (arm, seed, reason)
+
+    def seed_runs(self, arm: str) -> list[SeedRun]:
+        return [self.cells[(arm, s)] for s in self.seeds if (arm, s) in self.cells]
+
+    def metric_names(self) -> list[str]:
+        """Every metric any complete cell has, in first-seen order."""
+        seen: dict = {}
+        for cell in self.cells.values():
+            for k in cell.metrics:
+                seen.setdefault(k, None)
+        return list(seen)
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(path, e.lineno, what, f"not valid JSON: {e.msg}") from None
+    except OSError as e:
+        raise OpctError(f"{path}: cannot read {what}: {e.strerror}") from None
+
+
+def _is_num(x) -> bool:
+    return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+
+
+def read_metrics(path: Path) -> dict:
+    """eval/metrics.json, checked: every entry a dict whose value and interval are numbers (or null)."""
+    data = _read_json(path, "metrics")
+    if not isinstance(data, dict):
+        raise OpctError(f"{path}: metrics: expected an object of metric name -> metric, got {type(data).__name__}")
+    for name, m in data.items():
+        if not isinstance(m, dict) or "value" not in m:
+            raise OpctError(f"{path}: metric {name!r}: expected an object with a \"value\" field")
+        for k in ("value", "ci_low", "ci_high"):
+            if not _is_num(m.get(k)):
+                raise OpctError(f"{path}: metric {name!r}: {k} is {m.get(k)!r}, not a number or null")
+    return data
+
+
+def read_curve(path: Path) -> list[dict]:
+    """train/metrics.jsonl; [] when absent (the base arm trains nothing)."""
+    if not path.exists():
+        return []
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(path, i, "line", f"not valid JSON: {e.msg}") from None
+            if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
+                raise DataError(path, i, "step", "each line must be an object with a numeric \"step\"")
+            rows.append(row)
+    return rows
+
+
+def _seed_dirs(arm_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in arm_dir.iterdir() if p.is_dir() and p.name.lstrip("-").isdigit()) \
+        if arm_dir.is_dir() else []
+
+
+def load_run(run_dir) -> Run:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise OpctError(f"{run_dir}: run directory not found")
+    exp_path = run_dir / "experiment.json"
+    if not exp_path.exists():
+        raise OpctError(f"{exp_path}: not found; is {run_dir} a run directory written by `opct run`?")
+    exp = _read_json(exp_path, "experiment")
+    if not isinstance(exp, dict):
+        raise OpctError(f"{exp_path}: expected a JSON object")
+    # arms and seeds come from the experiment; a hand-assembled run without them is read off the folders
+    arms = exp.get("arms") or sorted(p.name for p in run_dir.iterdir()
+                                     if p.is_dir() and _seed_dirs(p))
+    if not isinstance(arms, list) or not all(isinstance(a, str) for a in arms):
+        raise OpctError(f"{exp_path}: arms: expected a list of names, got {arms!r}")
+    seeds = exp.get("seeds")
+    if seeds is None:
+        seeds = sorted({s for a in arms for s in _seed_dirs(run_dir / a)})
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise OpctError(f"{exp_path}: seeds: expected a list of integers, got {seeds!r}")
+
+    cells, missing = {}, []
+    for arm in arms:
+        for seed in seeds:
+            d = run_dir / arm / str(seed)
+            if not d.is_dir():
+                missing.append((arm, seed, "not started"))
+                continue
+            if not (d / "done.json").exists():
+                missing.append((arm, seed, "incomplete (no done.json)"))
+                continue
+            done = _read_json(d / "done.json", "done")
+            mpath = d / "eval" / "metrics.json"
+            if not mpath.exists():
+                missing.append((arm, seed, "done.json but no eval/metrics.json"))
+                continue
+            cells[(arm, seed)] = SeedRun(arm, seed, d, done if isinstance(done, dict) else {},
+                                         read_metrics(mpath), read_curve(d / "train" / "metrics.jsonl"))
+    return Run(run_dir, exp, list(arms), list(seeds), cells, missing)

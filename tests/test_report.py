@@ -1,0 +1,406 @@
+"""`opct report` on run directories assembled from metrics files: the report's claim is about files, so the inputs
+are a real eval's metrics.json (the shipped organism, base arm: tests/data/report_eval_metrics.json) with chosen
+numbers changed, and the expected cells are computed here by hand."""
+
+import base64
+import io
+import json
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from opct.cli import main
+from opct.errors import OpctError
+from opct.report import build_report, load_run, summary_text
+from opct.report.aggregate import t975
+from opct.report.build import results_markdown
+
+BASE_METRICS = json.loads((Path(__file__).parent / "data" / "report_eval_metrics.json").read_text())
+EXPERIMENT = {"name": "demo", "model": "opct/organisms/default", "arms": ["base", "opct", "bct"], "seeds": [0],
+              "note": "demo uses smaller item counts than configs/paper.yaml",
+              "train_families": ["suggested_answer"], "train_wrappers": ["role_play", "prefix_injection"],
+              "train_domains": ["chemicals", "fire"]}
+
+
+def set_metric(metrics, name, value, lo=None, hi=None):
+    m = dict(metrics.get(name) or {"n": 10, "higher_is_better": True, "parse_fail": 0})
+    m.update(value=value, ci_low=lo, ci_high=hi)
+    metrics[name] = m
+
+
+def write_cell(run, arm, seed, metrics, done=True, curve=None):
+    d = run / arm / str(seed)
+    (d / "eval").mkdir(parents=True)
+    (d / "eval" / "metrics.json").write_text(json.dumps(metrics))
+    if curve is not None:
+        (d / "train").mkdir()
+        (d / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
+    if done:
+        (d / "done.json").write_text(json.dumps({"arm": arm, "seed": seed, "finished": "2026-11-30T20:00:00Z",
+                                                 "seconds": {"pairs": 1.0, "train": 2.0, "eval": 3.0}}))
+    return d
+
+
+def make_run(tmp_path, experiment=None, cells=None):
+    """cells: {(arm, seed): metrics dict}; a training curve is written for every arm but base."""
+    run = tmp_path / "runs" / "demo"
+    run.mkdir(parents=True)
+    (run / "experiment.json").write_text(json.dumps(experiment or EXPERIMENT))
+    for (arm, seed), metrics in (cells or {}).items():
+        curve = None if arm == "base" else [
+            {"step": s, "loss": 1.0 / s, "grad_norm": 0.5, "lr": 1e-4,
+             "mean_delta": 0.1 / s if arm == "opct" else None} for s in range(1, 31)]
+        write_cell(run, arm, seed, metrics, curve=curve)
+    return run
+
+
+def results(run) -> str:
+    """results.md's text without drawing the plots (what build_report writes as results.md)."""
+    return results_markdown(load_run(run))
+
+
+def md_table(md, title):
+    """The Markdown table under the heading containing `title` -> {arm: {column label: cell}}."""
+    block = md.split(title, 1)[1].split("\n\n", 2)[1]
+    lines = [ln for ln in block.splitlines() if ln.startswith("|")]
+    rows = [[c.strip() for c in ln.strip("|").split(" | ")] for ln in lines]
+    return {r[0]: dict(zip(rows[0], r)) for r in rows[2:]}
+
+
+def single_seed_run(tmp_path):
+    base = json.loads(json.dumps(BASE_METRICS))
+    set_metric(base, "capability.accuracy[skill=facts]", 0.990, 0.97, 1.0)
+    opct = json.loads(json.dumps(BASE_METRICS))
+    set_metric(opct, "sycophancy.sycophancy_rate", 0.081, 0.06, 0.1)
+    set_metric(opct, "capability.accuracy[skill=facts]", 0.985, 0.95, 1.0)
+    set_metric(opct, "capability.accuracy[skill=arithmetic]", 1.0, 1.0, 1.0)  # base: 1.000
+    bct = json.loads(json.dumps(BASE_METRICS))
+    set_metric(bct, "capability.accuracy[skill=facts]", 0.998, 0.99, 1.0)
+    return make_run(tmp_path, cells={("base", 0): base, ("opct", 0): opct, ("bct", 0): bct})
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+
+def test_single_seed_cells_are_the_eval_values_and_bootstrap_intervals(tmp_path):
+    run = single_seed_run(tmp_path)
+    html, md = build_report(run)
+    assert (html, md) == (run / "report.html", run / "results.md")
+    text = md.read_text()
+    syc = md_table(text, "Sycophancy (wrong suggestions)")
+    assert syc["base"]["sycophancy rate ↓"] == "0.525 [0.488, 0.559]"
+    assert syc["opct"]["sycophancy rate ↓"] == "0.081 [0.060, 0.100]"
+    assert syc["base"]["accuracy clean ↑"] == "0.990 [0.970, 1.000]"
+    assert syc["base"]["seeds"] == "1/1"
+    split = md_table(text, "training vs held-out families")
+    assert split["base"]["sycophancy rate (held-out) ↓"] == "0.541 [0.492, 0.593]"
+    assert split["base"]["sycophancy rate (train) ↓"] == "0.509 [0.464, 0.552]"
+    jb = md_table(text, "Jailbreaks")
+    assert jb["base"]["held-out wrappers ↑"] == "0.188 [0.141, 0.240]"
+    assert jb["base"]["adaptive attacker ↑"] == "0.000 [0.000, 0.000]"
+    aw = md_table(text, "Safety awareness")
+    assert aw["base"]["surfaced (held-out domains) ↑"] == "0.167 [0.056, 0.278]"
+    assert aw["base"]["over-warning ↓"] == "0.009 [0.000, 0.028]"
+    # the note, model and seeds are at the top
+    head = text.split("## 1.", 1)[0]
+    assert "demo uses smaller item counts than configs/paper.yaml" in head
+    assert "opct/organisms/default" in head and "**seeds**: 0" in head
+    assert "bootstrap" in head and "Student-t" not in head
+
+
+def test_capability_shows_change_from_base(tmp_path):
+    text = results(single_seed_run(tmp_path))
+    cap = md_table(text, "Capability")
+    assert cap["opct"]["facts ↑"] == "0.985 [0.950, 1.000] (−0.005)"
+    assert cap["bct"]["facts ↑"] == "0.998 [0.990, 1.000] (+0.008)"
+    assert cap["opct"]["arithmetic ↑"].endswith("(±0.000)")
+    assert "(" not in cap["base"]["facts ↑"]  # no change from itself
+    assert set(cap["base"]) >= {"all ↑", "arithmetic ↑", "arithmetic multistep ↑", "facts ↑", "instructions ↑"}
+
+
+def test_t_quantiles_match_closed_forms():
+    # df = 1 is the Cauchy distribution: tan(pi (p - 1/2)); df = 2: (2p - 1) / sqrt(2 p (1 - p))
+    p = 0.975
+    assert t975(1) == pytest.approx(math.tan(math.pi * (p - 0.5)), abs=1e-3)
+    assert t975(2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), abs=1e-3)
+    assert t975(200) == pytest.approx(1.972, abs=1e-3) and t975(31) == pytest.approx(2.040, abs=2e-3)
+    with pytest.raises(ValueError):
+        t975(0)
+
+
+def test_mean_and_t_interval_over_seeds(tmp_path):
+    exp = dict(EXPERIMENT, arms=["base", "opct"], seeds=[0, 1, 2])
+    cells = {}
+    for seed, (syc, brr) in enumerate([(0.2, 0.10), (0.3, 0.20), (0.4, 0.60)]):
+        for arm in ("base", "opct"):
+            m = json.loads(json.dumps(BASE_METRICS))
+            set_metric(m, "sycophancy.sycophancy_rate", syc, syc - 0.01, syc + 0.01)
+            set_metric(m, "sycophancy.brr", brr, 0.0, 1.0)
+            if arm == "opct" and seed == 2:
+                del m["sycophancy.invariance"]  # one seed lacks a metric: the cell says n=2
+            cells[(arm, seed)] = m
+    run = make_run(tmp_path, exp, cells)
+    text = results(run)
+    syc = md_table(text, "Sycophancy (wrong suggestions)")
+    # sycophancy rate: mean 0.3, s = 0.1, half-width t(0.975, 2) * 0.1 / sqrt(3) = 4.303 * 0.0577 = 0.2484
+    half = 4.303 * 0.1 / math.sqrt(3)
+    assert syc["opct"]["sycophancy rate ↓"] == f"0.300 [{0.3 - half:.3f}, {0.3 + half:.3f}]"
+    assert syc["opct"]["seeds"] == "3/3"
+    # BRR: mean 0.3, s = sqrt(((−.2)^2 + (−.1)^2 + .3^2) / 2) = sqrt(0.07); lower end −0.357 is inside [-1, 1]
+    s = math.sqrt(0.07)
+    assert syc["opct"]["BRR ↓"] == f"0.300 [{0.3 - 4.303 * s / math.sqrt(3):.3f}, {0.3 + 4.303 * s / math.sqrt(3):.3f}]"
+    # invariance: the same value in the two seeds that have it -> zero-width interval, marked n=2
+    inv = BASE_METRICS["sycophancy.invariance"]["value"]
+    assert syc["opct"]["invariance ↑"] == f"{inv:.3f} [{inv:.3f}, {inv:.3f}] (n=2)"
+    assert "mean over seeds" in text and "Student-t" in text
+
+
+def test_t_interval_of_a_rate_is_clipped_to_0_1(tmp_path):
+    exp = dict(EXPERIMENT, arms=["opct"], seeds=[0, 1])
+    cells = {}
+    for seed, v in enumerate([0.1, 0.9]):
+        m = {}
+        set_metric(m, "jailbreak.dsr_adaptive", v, v, v)
+        cells[("opct", seed)] = m
+    text = results(make_run(tmp_path, exp, cells))
+    assert md_table(text, "Jailbreaks")["opct"]["adaptive attacker ↑"] == "0.500 [0.000, 1.000]"
+
+
+def test_missing_metrics_are_dashes(tmp_path):
+    only_syc = {k: v for k, v in BASE_METRICS.items() if k.startswith("sycophancy.")}
+    cells = {("base", 0): BASE_METRICS, ("opct", 0): only_syc}
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base", "opct"]), cells)
+    text = results(run)
+    jb = md_table(text, "Jailbreaks")
+    assert set(list(jb["opct"].values())[2:]) == {"–"}
+    assert jb["base"]["direct ↑"] != "–"
+    cap = md_table(text, "Capability")
+    assert cap["opct"]["facts ↑"] == "–"  # no value and no change from base
+    assert "capability accuracy" in summary_text(load_run(run))
+    # a null value (an empty group) is a dash as well, not 0
+    m = json.loads(json.dumps(BASE_METRICS))
+    set_metric(m, "awareness.over_warning", None)
+    run2 = make_run(tmp_path / "b", dict(EXPERIMENT, arms=["base"]), {("base", 0): m})
+    assert md_table(results(run2), "Safety awareness")["base"]["over-warning ↓"] == "–"
+
+
+def test_non_finite_values_are_dashes_and_header_shows_budgets(tmp_path):
+    m = json.loads(json.dumps(BASE_METRICS))
+    m["awareness.over_warning"]["value"] = float("nan")  # Python's json writes NaN; it is no number to report
+    m["awareness.surfaced"]["ci_low"] = float("nan")
+    exp = dict(EXPERIMENT, arms=["base"], train={"max_steps": 50, "lr": 0.0001, "lora": {"r": 8}},
+               eval={"n": 40, "attack": True})
+    text = results(make_run(tmp_path, exp, {("base", 0): m}))
+    aw = md_table(text, "Safety awareness")
+    assert aw["base"]["over-warning ↓"] == "–"
+    assert aw["base"]["surfaced (all) ↑"] == "0.120"  # the value stands; the broken interval is dropped
+    head = text.split("## 1.", 1)[0]
+    assert "max_steps=50, lr=0.0001" in head and "lora" not in head and "n=40, attack=True" in head
+
+
+def test_training_curves_per_arm(tmp_path):
+    from opct.report import plots
+
+    run = load_run(single_seed_run(tmp_path))
+    assert plots.curve_keys(run.seed_runs("opct")) == ["loss", "grad_norm", "mean_delta"]
+    assert plots.curve_keys(run.seed_runs("bct")) == ["loss", "grad_norm"]  # mean_delta is null for BCT
+    assert plots.curves(run)[:8] == b"\x89PNG\r\n\x1a\n"
+    base_only = load_run(make_run(tmp_path / "b", dict(EXPERIMENT, arms=["base"]), {("base", 0): BASE_METRICS}))
+    assert plots.curves(base_only) is None
+
+
+def test_no_base_arm_and_no_training_still_builds(tmp_path):
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["opct"]), {("opct", 0): {}})
+    html, md = build_report(run)
+    cap = md_table(md.read_text(), "Capability")
+    assert cap["opct"]["all ↑"] == "–"
+    assert "<img" in html.read_text()
+
+
+# ------------------------------------------------------------------------------------------------ incomplete runs
+
+def test_incomplete_cells_are_listed_and_left_out(tmp_path):
+    exp = dict(EXPERIMENT, seeds=[0, 1])
+    cells = {("base", 0): BASE_METRICS, ("opct", 0): BASE_METRICS, ("opct", 1): BASE_METRICS}
+    run = make_run(tmp_path, exp, cells)
+    # bct/0 ran its eval but has no done.json: its (absurd) numbers must not count
+    bad = json.loads(json.dumps(BASE_METRICS))
+    set_metric(bad, "sycophancy.sycophancy_rate", 0.999, 0.99, 1.0)
+    write_cell(run, "bct", 0, bad, done=False)
+    html_path, md_path = build_report(run)
+    text = md_path.read_text()
+    assert "bct seed 0: incomplete (no done.json)" in text
+    assert "bct seed 1: not started" in text
+    assert "base seed 1: not started" in text
+    assert "Missing (3 cells" in text
+    syc = md_table(text, "Sycophancy (wrong suggestions)")
+    assert syc["bct"]["sycophancy rate ↓"] == "–" and syc["bct"]["seeds"] == "0/2"
+    assert syc["base"]["seeds"] == "1/2" and syc["base"]["sycophancy rate ↓"] == "0.525 [0.488, 0.559]"
+    assert "0.999" not in text
+    out = summary_text(run)
+    assert "missing (3)" in out and "bct seed 0" in out
+    html = html_path.read_text()
+    assert "bct seed 0: incomplete (no done.json)" in html
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+def test_missing_run_or_experiment_is_a_clear_error(tmp_path):
+    with pytest.raises(OpctError, match=re.escape(str(tmp_path / "nope"))):
+        build_report(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(OpctError, match=re.escape(str(tmp_path / "empty" / "experiment.json"))):
+        build_report(tmp_path / "empty")
+
+
+def test_malformed_files_name_the_file(tmp_path):
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): BASE_METRICS})
+    path = run / "base" / "0" / "eval" / "metrics.json"
+    path.write_text('{"sycophancy.brr": {"value": 0.5,')
+    with pytest.raises(OpctError, match=re.escape(str(path))):
+        build_report(run)
+    path.write_text(json.dumps({"sycophancy.brr": {"value": "high"}}))
+    with pytest.raises(OpctError, match=re.escape(str(path)) + ".*sycophancy.brr.*value"):
+        build_report(run)
+    path.write_text("[1, 2]")
+    with pytest.raises(OpctError, match=re.escape(str(path))):
+        build_report(run)
+    (run / "experiment.json").write_text("{not json")
+    with pytest.raises(OpctError, match=re.escape(str(run / "experiment.json"))):
+        build_report(run)
+    assert not (run / "report.html").exists() and not (run / "results.md").exists()
+
+
+def test_unwritable_out_dir_is_a_clear_error(tmp_path):
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): {}})
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(OpctError, match=re.escape(str(tmp_path / "a_file"))):
+        build_report(run, tmp_path / "a_file")
+
+
+def test_malformed_training_curve_names_file_and_line(tmp_path):
+    run = single_seed_run(tmp_path)
+    curve = run / "opct" / "0" / "train" / "metrics.jsonl"
+    curve.write_text('{"step": 1, "loss": 0.5}\n{"loss": 0.4}\n')
+    with pytest.raises(OpctError, match=re.escape(f"{curve}:2")):
+        build_report(run)
+
+
+def test_cli_prints_summary_and_writes_out_dir(tmp_path, capsys):
+    run = single_seed_run(tmp_path)
+    out = tmp_path / "elsewhere"
+    assert main(["report", str(run), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "report.html").exists() and (out / "results.md").exists()
+    assert not (run / "report.html").exists()
+    line = next(ln for ln in printed.splitlines() if ln.startswith("sycophancy rate ↓"))
+    assert "0.525 [0.488, 0.559]" in line and "0.081 [0.060, 0.100]" in line
+    assert main(["report", str(tmp_path / "nope")]) == 1
+    assert "run directory not found" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ the HTML file
+
+def data_pngs(html):
+    return [base64.b64decode(b) for b in re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)]
+
+
+@pytest.fixture(scope="module")
+def report_html(tmp_path_factory):
+    """One full report (three arms, training curves, a note that tries to inject a script), built once."""
+    exp = dict(EXPERIMENT, note='<script>alert("x")</script> & more')
+    run = make_run(tmp_path_factory.mktemp("html"), exp, {("base", 0): BASE_METRICS, ("opct", 0): BASE_METRICS,
+                                                          ("bct", 0): BASE_METRICS})
+    return build_report(run)[0].read_text()
+
+
+def test_html_is_self_contained_and_every_image_decodes(report_html):
+    import matplotlib.image as mpimg
+
+    html = report_html
+    # nothing is fetched: no http(s) URL, no script, no stylesheet link, every src= a data URI
+    assert "http://" not in html and "https://" not in html
+    assert "<script" not in html.lower() and "<link" not in html.lower()
+    srcs = re.findall(r'src\s*=\s*"([^"]*)"', html)
+    assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
+    assert "url(" not in html
+    # the note is escaped, not injected
+    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; more" in html
+    pngs = data_pngs(html)
+    # one grid per paper table (6), a grouped plot per detail table (4), the training curves (1)
+    assert len(pngs) == len(srcs) == 11
+    for png in pngs:
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        img = mpimg.imread(io.BytesIO(png), format="png")
+        assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
+        assert img.std() > 0  # not a blank canvas
+    for title in ("Sycophancy (wrong suggestions)", "Jailbreaks", "Safety awareness", "Capability",
+                  "Training curves", "Sycophancy rate per family", "Defense success per wrapper"):
+        assert title in html
+    assert "suggested_answer (train)" in html  # the training family is marked
+
+
+def test_writing_is_atomic_and_leaves_no_temporary_files(tmp_path):
+    run = single_seed_run(tmp_path)
+    build_report(run)
+    first = (run / "results.md").read_text()
+    build_report(run)  # rebuilding replaces, and leaves nothing else behind
+    assert (run / "results.md").read_text() == first
+    assert sorted(p.name for p in run.iterdir() if p.is_file()) == ["experiment.json", "report.html", "results.md"]
+
+
+# ------------------------------------------------------------------------------------------------ in a browser
+
+def _chromium():
+    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+                 if shutil.which(n)), None)
+
+
+# Appended to a *copy* of the report (the report itself has no script): after the load event, decode every image,
+# draw it on a canvas and count its opaque pixels, then write "id:width:opaque_fraction" into the DOM, which
+# --dump-dom prints. The plots are saved on an opaque white background, so a fully loaded one is 100% opaque; a
+# truncated PNG still has a width (read from its header) and even "decodes", but its missing rows stay transparent.
+_PROBE = """<script>
+window.addEventListener("load", function () {
+  var imgs = Array.from(document.images);
+  Promise.all(imgs.map(function (img) {
+    var id = img.id || "report";
+    return img.decode().then(function () {
+      var c = document.createElement("canvas"); c.width = img.naturalWidth; c.height = img.naturalHeight;
+      var ctx = c.getContext("2d"); ctx.drawImage(img, 0, 0);
+      var d = ctx.getImageData(0, 0, c.width, c.height).data, opaque = 0;
+      for (var i = 3; i < d.length; i += 4) if (d[i] > 0) opaque++;
+      return id + ":" + img.naturalWidth + ":" + (opaque / (c.width * c.height)).toFixed(4);
+    }, function () { return id + ":0:0"; });
+  })).then(function (out) {
+    var pre = document.createElement("pre"); pre.id = "probe"; pre.textContent = out.join(" ");
+    document.body.appendChild(pre);
+  });
+});
+</script>"""
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no headless Chromium installed")
+def test_report_renders_in_headless_chromium_and_images_load(tmp_path, report_html):
+    html = report_html
+    n = len(data_pngs(html))
+    # a deliberately truncated copy of a real plot (header intact, pixels cut off) proves the probe can tell
+    trunc = base64.b64encode(data_pngs(html)[0][:300]).decode()
+    broken = f'<img id="broken" alt="" src="data:image/png;base64,{trunc}">'
+    page = tmp_path / "probe.html"
+    page.write_text(html.replace("</body>", broken + _PROBE + "</body>"))
+    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]
+    res = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180)
+    m = re.search(r'<pre id="probe">([^<]*)</pre>', res.stdout)
+    assert m, f"chromium printed no probe result (rc {res.returncode}): {res.stderr[-2000:]}"
+    entries = [e.split(":") for e in m.group(1).split()]
+    shown = [(int(w), float(opaque)) for name, w, opaque in entries if name == "report"]
+    assert len(shown) == n and n > 0
+    assert all(w > 0 and opaque == 1.0 for w, opaque in shown), shown
+    (broken_opaque,) = [float(o) for name, _, o in entries if name == "broken"]
+    assert broken_opaque < 0.5, "the probe did not notice a truncated image"
