@@ -359,26 +359,24 @@ def _chromium():
                  if shutil.which(n)), None)
 
 
-# Appended to a *copy* of the report (the report itself has no script): after the load event, decode every image,
-# draw it on a canvas and count its opaque pixels, then write "id:width:opaque_fraction" into the DOM, which
+# Appended to a *copy* of the report (the report itself has no script): at the load event (every image has loaded
+# or failed by then; done synchronously, so --dump-dom cannot print the page before the probe ran), draw each image
+# on a canvas and count its opaque pixels, then write "id:width:opaque_fraction" into the DOM, which
 # --dump-dom prints. The plots are saved on an opaque white background, so a fully loaded one is 100% opaque; a
 # truncated PNG still has a width (read from its header) and even "decodes", but its missing rows stay transparent.
 _PROBE = """<script>
 window.addEventListener("load", function () {
-  var imgs = Array.from(document.images);
-  Promise.all(imgs.map(function (img) {
+  var out = Array.from(document.images).map(function (img) {
     var id = img.id || "report";
-    return img.decode().then(function () {
-      var c = document.createElement("canvas"); c.width = img.naturalWidth; c.height = img.naturalHeight;
-      var ctx = c.getContext("2d"); ctx.drawImage(img, 0, 0);
-      var d = ctx.getImageData(0, 0, c.width, c.height).data, opaque = 0;
-      for (var i = 3; i < d.length; i += 4) if (d[i] > 0) opaque++;
-      return id + ":" + img.naturalWidth + ":" + (opaque / (c.width * c.height)).toFixed(4);
-    }, function () { return id + ":0:0"; });
-  })).then(function (out) {
-    var pre = document.createElement("pre"); pre.id = "probe"; pre.textContent = out.join(" ");
-    document.body.appendChild(pre);
+    if (!img.complete || !img.naturalWidth) return id + ":0:0";
+    var c = document.createElement("canvas"); c.width = img.naturalWidth; c.height = img.naturalHeight;
+    var ctx = c.getContext("2d"); ctx.drawImage(img, 0, 0);
+    var d = ctx.getImageData(0, 0, c.width, c.height).data, opaque = 0;
+    for (var i = 3; i < d.length; i += 4) if (d[i] > 0) opaque++;
+    return id + ":" + img.naturalWidth + ":" + (opaque / (c.width * c.height)).toFixed(4);
   });
+  var pre = document.createElement("pre"); pre.id = "probe"; pre.textContent = out.join(" ");
+  document.body.appendChild(pre);
 });
 </script>"""
 
@@ -394,7 +392,7 @@ def test_report_renders_in_headless_chromium_and_images_load(tmp_path, report_ht
     page.write_text(html.replace("</body>", broken + _PROBE + "</body>"))
     cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]
+           f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=60000", "--dump-dom", page.as_uri()]
     res = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=180)
     m = re.search(r'<pre id="probe">([^<]*)</pre>', res.stdout)
     assert m, f"chromium printed no probe result (rc {res.returncode}): {res.stderr[-2000:]}"

@@ -13,14 +13,13 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from opct.errors import OpctError
+from opct.files import write_atomic
 
 SUITE_NAMES = ("sycophancy", "jailbreak", "awareness", "capability")
 
@@ -70,10 +69,7 @@ class EvalConfig:
 
 
 def _write_json_atomic(path: Path, obj) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, ensure_ascii=False)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(obj, indent=1, ensure_ascii=False))
 
 
 def headline(metrics: dict) -> list[str]:

@@ -15,13 +15,12 @@ reported as `file:line: field: problem` through `DataError`.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from opct.errors import DataError
+from opct.files import write_atomic
 
 AXES = ("sycophancy", "jailbreak", "awareness", "capability", "custom")
 TASKS = ("invariance", "compression")
@@ -133,19 +132,7 @@ def load_pairs(path) -> list[Pair]:
 
 def write_jsonl_atomic(path, records: Iterable[dict]) -> Path:
     """Write records as JSONL to a temporary file beside `path`, then rename: a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_atomic(path, (json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 def save_pairs(pairs: Iterable[Pair], path) -> Path:
