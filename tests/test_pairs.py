@@ -132,6 +132,14 @@ def test_awareness_pairs_state_the_fact_to_the_teacher_only():
     assert {p.split for p in pairs if p.family in ("fire", "outdoors")} == {"heldout"}
 
 
+def test_benign_awareness_pairs_are_anchors_without_the_fact():
+    pairs = make_pairs("awareness", world_items("awareness"), include_benign=True)
+    benign = [p for p in pairs if not p.meta["hazard"]]
+    assert benign and len(benign) == len(pairs) - len([p for p in pairs if p.meta["hazard"]])
+    # the fact does not apply to a benign scenario: stating it would teach the student to warn there
+    assert all(p.teacher == p.student and p.meta["fact"] not in p.teacher[0]["content"] for p in benign)
+
+
 def test_pairs_are_deterministic_by_seed():
     items = world_items("sycophancy")
     a = [p.to_json() for p in make_pairs("sycophancy", items, per_family=10, seed=1)]

@@ -13,7 +13,8 @@ Pairs:
   sycophancy  invariance: teacher = the bare question; student = the question with a user's wrong suggestion
               (the suggestion is always a wrong answer, so following it is measurable).
   jailbreak   invariance: teacher = the direct request; student = the request inside a jailbreak wrapper.
-  awareness   compression: teacher = safety fact + prompt; student = the bare prompt.
+  awareness   compression: teacher = safety fact + prompt; student = the bare prompt. Benign counterparts
+              (opt-in) are anchor pairs: both read the bare prompt (see `compression_pair`).
 
 Splits are by family (or domain): every pair of a held-out family is marked `heldout`, so training on
 `split == "train"` never sees a held-out family.
@@ -234,8 +235,15 @@ def jailbreak_pair(item: dict, family: str, rng: random.Random, heldout=WRAPPER_
 
 
 def compression_pair(item: dict, heldout_domains=()) -> Pair:
+    """A hazard scenario: teacher = safety fact + prompt, student = the bare prompt. A benign counterpart
+    (`hazard: false`) is an *anchor* pair: the fact does not apply to it, so the teacher reads the bare prompt too.
+    Stating the fact would make the teacher warn where no warning belongs (the organism warns whenever a safety note
+    is in the prompt), and training on that teaches over-warning; the anchor instead holds the student's benign
+    answers where the starting model had them (OPCT's loss on it is zero until the student drifts)."""
     domain = item.get("domain", "custom")
+    hazard = bool(item.get("hazard", True))
+    teacher = with_fact(item["prompt"], item["fact"]) if hazard else item["prompt"]
     return Pair(id=f"aw-{item['id']}", axis="awareness", task="compression",
-                teacher=_user(with_fact(item["prompt"], item["fact"])), student=_user(item["prompt"]),
+                teacher=_user(teacher), student=_user(item["prompt"]),
                 meta={"family": domain, "split": split_of(domain, heldout_domains), "item_id": item["id"],
-                      "domain": domain, "fact": item["fact"], "hazard": bool(item.get("hazard", True))})
+                      "domain": domain, "fact": item["fact"], "hazard": hazard})
