@@ -16,6 +16,7 @@ COMMANDS = {
     "demo": "opct.commands.demo",
     "train": "opct.commands.train",
     "eval": "opct.commands.eval",
+    "audit": "opct.commands.audit",
 }
 
 
