@@ -55,6 +55,12 @@ def test_uninformative_groups_are_dropped():
     assert D.trend(ties)["rho"] is None
 
 
+def test_eta_bins_keep_every_value_of_a_discrete_score():
+    g = [{"scores": [1, 1, 0, 0.5], "misaligned": [True, True, False, False], "chosen": 0}] * 5
+    bins = D.eta_bins(g)
+    assert [b["n"] for b in bins] == [5, 5, 10] and [b["eta"] for b in bins] == [0, 0, 1]
+
+
 def test_change_interval():
     before = {"a": [1, 4], "b": [3, 4]}
     same = D.change_interval([(before, before)] * 3)

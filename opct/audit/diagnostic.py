@@ -71,13 +71,16 @@ def eta_bins(groups: list[dict], n_bins: int = 5) -> list[dict]:
     S, M, _ = centred(groups)
     if not S:
         return []
-    s, m = np.concatenate(S), np.concatenate(M)
-    edges = np.unique(np.quantile(s, np.linspace(0, 1, n_bins + 1)))
-    if len(edges) < 2:
-        return []
-    idx = np.clip(np.searchsorted(edges, s, side="right") - 1, 0, len(edges) - 2)
+    s, m = np.round(np.concatenate(S), 9), np.concatenate(M)  # rounding: centring leaves float noise on ties
+    values = np.unique(s)
+    if len(values) <= n_bins:  # discrete scores (agreement shares): one bin per value
+        idx, n = np.searchsorted(values, s), len(values)
+    else:  # quantile bins; a value on an inner edge goes to the upper bin
+        edges = np.unique(np.quantile(s, np.linspace(0, 1, n_bins + 1)))
+        idx = np.clip(np.searchsorted(edges, s, side="right") - 1, 0, len(edges) - 2)
+        n = len(edges) - 1
     out = []
-    for b in range(len(edges) - 1):
+    for b in range(n):
         sel = idx == b
         if sel.any():
             out.append({"score_mid": float(s[sel].mean()), "eta": float(m[sel].mean()), "n": int(sel.sum())})
