@@ -195,6 +195,18 @@ def _markdown(summary: dict) -> str:
             f"{_fmt(t and t['rho'], True)}{_ci({'ci_low': t and t['ci_low'], 'ci_high': t and t['ci_high']})} | "
             f"{_fmt(g and g['value'], True)}{_ci(g)} | {c['predicted']} | {c['observed']} | "
             f"{'—' if c['sign_agrees'] is None else ('yes' if c['sign_agrees'] else 'no')} |")
+    lines += ["", "## Per organism: direction over the seven methods, and the k = 1 ablation", "",
+              "| organism | amplified (up) | suppressed (down) | flat | k1 change [95% CI] | mean change of the five "
+              "selection methods | selection minus k1 |", "|---|---|---|---|---|---|---|"]
+    for org in sorted({c["organism"] for c in summary["cells"]}):
+        cs = [c for c in summary["cells"] if c["organism"] == org and c["method"] != "k1"]
+        dirs = {d: [c["method"] for c in cs if c["observed"] == d] for d in ("up", "down", "flat")}
+        k1 = next((c for c in summary["cells"] if c["organism"] == org and c["method"] == "k1"), None)
+        sel = _mean([c["change"]["value"] for c in cs if c["method"] not in ("bct", "act")])
+        k1v = k1["change"]["value"] if k1 else None
+        lines.append(f"| {org} | {', '.join(dirs['up']) or '—'} | {', '.join(dirs['down']) or '—'} | "
+                     f"{', '.join(dirs['flat']) or '—'} | {_fmt(k1v, True)}{_ci(k1 and k1['change'])} | "
+                     f"{_fmt(sel, True)} | {_fmt(None if sel is None or k1v is None else sel - k1v, True)} |")
     lines += ["", "predicted: sign of the eta(s) trend (up = higher-scoring candidates are more often misaligned, so "
               "selection should amplify); observed: sign of the change; 'flat' = the 95% interval holds 0. "
               "k1 = the ablation without selection (one sample per prompt); bct/act select nothing.", ""]
