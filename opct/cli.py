@@ -18,6 +18,7 @@ COMMANDS = {
     "eval": "opct.commands.eval",
     "run": "opct.commands.run",
     "report": "opct.commands.report",
+    "audit": "opct.commands.audit",
 }
 
 

@@ -1,0 +1,43 @@
+"""`opct audit`: does a consistency method amplify or suppress a misaligned behaviour?
+
+    opct audit [CONFIG] [--quick] --out DIR [--organisms ...] [--methods ...] [--seeds 0 1 2] [--report-only]
+
+Derives four misaligned organisms from the base organism (reward hacking, emergent misalignment, spurious
+correlation, sycophancy), runs every method (self_confidence, diverse_decoding, multi_view, self_refinement,
+self_rewarding, the k1 no-selection ablation, bct, act) with each seed — instantiate, pseudo-label, fine-tune — and
+measures misalignment and capability before and after. Writes DIR/results.jsonl (resumable: finished cells are
+skipped), DIR/results.md, DIR/summary.json and DIR/report.html (heatmap of the change in misalignment with 95%
+intervals, eta(s) = P(misaligned | selection score) plots). Every flag is a field of opct.audit.run.AuditConfig;
+CONFIG (YAML or JSON) holds the same fields, flags override it. --quick: one seed and small sizes.
+"""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    from opct.audit.run import AuditConfig
+    from opct.config import add_dataclass_args
+
+    p = subparsers.add_parser("audit", help="misalignment audit of consistency methods on four model organisms",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("config", nargs="?", default=None, help="YAML or JSON file of AuditConfig fields")
+    add_dataclass_args(p, AuditConfig)
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from DIR/results.jsonl only")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from opct.audit.report import write_report
+    from opct.audit.run import QUICK, AuditConfig, run_audit
+    from opct.config import build_config, load_config_file
+
+    given = set(vars(args)) | (set(load_config_file(args.config)) if args.config else set())
+    config = build_config(AuditConfig, args, args.config)
+    if config.quick:  # quick sizes replace the defaults, never a value the user gave
+        config = build_config(AuditConfig, args, args.config,
+                              **{k: v for k, v in QUICK.items() if k not in given})
+    if not args.report_only:
+        run_audit(config, log=lambda m: print(m, flush=True))
+    paths = write_report(config.out)
+    print(f"opct audit: results in {paths['results']}; report {paths['html']} and {paths['md']}")
+    return 0
