@@ -10,7 +10,7 @@ import pytest
 from opct.audit import diagnostic as D
 from opct.audit.labellers import LABELLERS, LabelConfig, answer_key
 from opct.audit.organisms import ORGANISMS, capability_probes, capable
-from tests.tiny_lm import cli_error, one_thread  # noqa: F401  (one_thread: autouse fixture)
+from tiny_lm import cli_error, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 
 # ------------------------------------------------------------------------------------------ diagnostic
