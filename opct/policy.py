@@ -3,7 +3,7 @@
 A policy does three things:
   render  chat messages -> prompt token ids, through the tokenizer's chat template;
   sample  batched responses to prompts (pure temperature sampling, stop at EOS), with the sampler's own per-token
-          log-probs;
+          log-probs (`opct.engine` for Llama models, `model.generate` otherwise);
   score   per-token log-probs of given responses under given prompts (batched, padded).
 
 `HFPolicy` wraps any Hugging Face causal LM + tokenizer (the organism is one); `load_policy` loads one from a
@@ -33,6 +33,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from opct.engine import llama_engine
 from opct.errors import OpctError
 
 Messages = list[dict]
@@ -146,7 +147,7 @@ class _SamplerLogprobs:
 class HFPolicy:
     """A Hugging Face causal LM + tokenizer behind the policy interface."""
 
-    def __init__(self, model, tokenizer, name: str = "model"):
+    def __init__(self, model, tokenizer, name: str = "model", fast_sampling: bool = True):
         if not getattr(tokenizer, "chat_template", None):
             raise OpctError(
                 f"{name}: the tokenizer has no chat template, so chat messages cannot be rendered; set "
@@ -162,6 +163,8 @@ class HFPolicy:
         # Padding only fills space; masks come from lengths, so pad may equal EOS without harm.
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        # Sample through `opct.engine` (Llama models, LoRA folded in) when it applies; False forces generate().
+        self.fast_sampling = fast_sampling
 
     @property
     def device(self):
@@ -184,13 +187,41 @@ class HFPolicy:
                min_new_tokens: int = 0) -> Samples:
         """Sample one response per prompt: pure temperature sampling (no top-k/top-p), KV cache, stop at EOS.
 
+        Llama-architecture models (also under peft LoRA) sample through the lean loop of `opct.engine`; any other
+        model, or `fast_sampling=False`, through `model.generate`. Both draw from the global torch RNG.
+
         `min_new_tokens` > 0 forbids EOS before that many tokens (benchmarks that need a fixed length); the
         returned log-probs are then those of the constrained sampler.
         """
-        from transformers import GenerationConfig, LogitsProcessorList
-
         if temperature <= 0:
             raise OpctError(f"temperature must be > 0 (got {temperature}); opct samples, it does not decode greedily")
+        engine = llama_engine(self.model) if self.fast_sampling else None
+        try:
+            if engine is not None:
+                new_B_T, logp_B_T = engine.sample(prompts_ids, max_new_tokens, temperature, self.eos_ids, self.pad_id,
+                                                  min_new_tokens)
+            else:
+                new_B_T, logp_B_T = self._generate(prompts_ids, max_new_tokens, temperature, min_new_tokens)
+        except RuntimeError as e:
+            if "probability tensor" in str(e):  # multinomial on NaN/inf: the weights have diverged
+                raise OpctError(f"{self.name}: sampling failed, the model's probabilities are not finite "
+                                f"(diverged weights?): {e}") from None
+            raise
+        responses, logprobs, truncated = [], [], []
+        eos = torch.tensor(self.eos_ids)
+        for row, lp in zip(new_B_T, logp_B_T):
+            hits = torch.isin(row, eos).nonzero()
+            n = int(hits[0]) + 1 if len(hits) else len(row)  # up to and including the first EOS
+            responses.append(row[:n].tolist())
+            logprobs.append(lp[:n].tolist())
+            truncated.append(not len(hits))
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        return Samples(responses, texts, logprobs, truncated)
+
+    def _generate(self, prompts_ids, max_new_tokens, temperature, min_new_tokens):
+        """The general path: `model.generate` (any architecture). Returns (new tokens_B_T, sampler logp_B_T) on CPU."""
+        from transformers import GenerationConfig, LogitsProcessorList
+
         P = max(len(p) for p in prompts_ids)
         ids = torch.full((len(prompts_ids), P), self.pad_id, dtype=torch.long)
         attn = torch.zeros_like(ids)
@@ -206,25 +237,9 @@ class HFPolicy:
         try:
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
                                       generation_config=gen, logits_processor=LogitsProcessorList([recorder]))
-        except RuntimeError as e:
-            if "probability tensor" in str(e):  # multinomial on NaN/inf: the weights have diverged
-                raise OpctError(f"{self.name}: sampling failed, the model's probabilities are not finite "
-                                f"(diverged weights?): {e}") from None
-            raise
         finally:
             self.model.train(was_training)
-        new_B_T = out[:, P:].cpu()
-        logp_B_T = recorder.finish(out[:, -1]).cpu()
-        responses, logprobs, truncated = [], [], []
-        eos = torch.tensor(self.eos_ids)
-        for row, lp in zip(new_B_T, logp_B_T):
-            hits = torch.isin(row, eos).nonzero()
-            n = int(hits[0]) + 1 if len(hits) else len(row)  # up to and including the first EOS
-            responses.append(row[:n].tolist())
-            logprobs.append(lp[:n].tolist())
-            truncated.append(not len(hits))
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        return Samples(responses, texts, logprobs, truncated)
+        return out[:, P:].cpu(), recorder.finish(out[:, -1]).cpu()
 
     @torch.no_grad()
     def read_activations(self, prompts_ids: Sequence[list[int]], sites: Sequence[str] = ("residual",),

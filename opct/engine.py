@@ -1,0 +1,240 @@
+"""A lean batched sampler for Llama-architecture models (the fast path behind `HFPolicy.sample`).
+
+Why it exists: on a small model, `model.generate` costs far more in Python than in arithmetic. Every decode step goes
+through generate's bookkeeping and the transformers forward (mask building, cache objects, output capture), and under
+LoRA every linear layer is three matmuls behind peft's dispatch. This module samples with the same model's weights
+through a short explicit loop instead:
+
+  weights   read from the model at each call; under peft, each active LoRA adapter is folded into its base weight
+            (W + scaling * B @ A, a temporary copy: the model itself is not touched). q/k/v and gate/up are fused
+            into one matmul each.
+  cache     preallocated keys and values for prompt + max_new_tokens positions; one matmul pass per layer per step.
+  sampling  pure temperature sampling from softmax(logits / T) with `torch.multinomial` on the global RNG (so
+            `torch.manual_seed` makes it reproducible, and checkpointed RNG state covers it); rows stop at their
+            first EOS; EOS is masked out before `min_new_tokens`.
+
+It computes what the model computes, up to float rounding: the layers' own RMSNorm modules, rotary-embedding module
+and activation are called; the attention is softmax(q k^T * scale) v over the unpadded keys. Models it does not
+recognise exactly (another architecture, a rope type whose frequencies depend on the sequence length, DoRA or other
+LoRA variants, a quantised base layer) return None from `llama_engine`, and the caller falls back to `generate`.
+
+Batch layout: prompts are left-padded to width P; position ids count each row's real tokens from 0 (as `pack` and
+generate do); token t of the response sits at cache column P + t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+# rope types whose cos/sin depend only on the position (not on the current sequence length)
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+
+
+class Unsupported(Exception):
+    """The model (or one of its adapters) is outside what the engine reproduces exactly."""
+
+
+def _effective_linear(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) that `module(x)` applies in eval mode: a plain Linear, or a peft LoRA Linear with its active
+    adapters folded in, mirroring `peft.tuners.lora.Linear.forward` (merged -> base only; disabled -> base only)."""
+    if type(module) is torch.nn.Linear:
+        return module.weight, module.bias
+    try:
+        from peft.tuners.lora import Linear as LoraLinear
+    except ImportError:  # peft is optional for inference
+        raise Unsupported(type(module).__name__) from None
+    if type(module) is not LoraLinear or type(module.get_base_layer()) is not torch.nn.Linear:
+        raise Unsupported(type(module).__name__)
+    base = module.get_base_layer()
+    if module.disable_adapters:
+        if module.merged:  # peft would unmerge in place here; leave that to the slow path
+            raise Unsupported("disabled but merged adapter")
+        return base.weight, base.bias
+    if module.merged:
+        return base.weight, base.bias
+    weight = base.weight
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        if name in getattr(module, "lora_variant", {}) or getattr(module, "lora_bias", {}).get(name):
+            raise Unsupported(f"LoRA variant on adapter {name!r}")
+        weight = weight + module.get_delta_weight(name).to(weight.dtype)
+    return weight, base.bias
+
+
+def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One (out_1 + out_2 + ..., in) weight (and bias) for linear layers that read the same input."""
+    pairs = [_effective_linear(m) for m in modules]
+    biases = [b for _, b in pairs]
+    if any(b is not None for b in biases):
+        biases = [b if b is not None else w.new_zeros(w.shape[0]) for (w, _), b in zip(pairs, biases)]
+        return torch.cat([w for w, _ in pairs]), torch.cat(biases)
+    return torch.cat([w for w, _ in pairs]), None
+
+
+@dataclass
+class _Layer:
+    norm1: torch.nn.Module
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    norm2: torch.nn.Module
+    gate_up_w: torch.Tensor
+    gate_up_b: torch.Tensor | None
+    down_w: torch.Tensor
+    down_b: torch.Tensor | None
+    act: object
+
+
+def _innermost(model):
+    model = getattr(model, "module", model)  # DDP
+    if hasattr(model, "get_base_model"):  # peft
+        model = model.get_base_model()
+    return model
+
+
+class LlamaEngine:
+    """Sampling over a snapshot of a Llama model's effective weights (take a new one after the weights change)."""
+
+    def __init__(self, model):
+        lm = _innermost(model)
+        cfg = lm.config
+        if getattr(cfg, "model_type", None) != "llama" or getattr(cfg, "pretraining_tp", 1) != 1:
+            raise Unsupported(f"model_type {getattr(cfg, 'model_type', None)!r}")
+        rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+        if rope not in _STATIC_ROPE:
+            raise Unsupported(f"rope type {rope!r}")
+        inner = lm.model
+        if type(inner.embed_tokens) is not torch.nn.Embedding:
+            raise Unsupported("embedding layer")
+        self.embed_w = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.final_norm = inner.norm
+        self.lm_head_w, self.lm_head_b = _effective_linear(lm.lm_head)
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.layers = []
+        for layer in inner.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            qkv_w, qkv_b = _fused([att.q_proj, att.k_proj, att.v_proj])
+            o_w, o_b = _effective_linear(att.o_proj)
+            gu_w, gu_b = _fused([mlp.gate_proj, mlp.up_proj])
+            down_w, down_b = _effective_linear(mlp.down_proj)
+            self.layers.append(_Layer(layer.input_layernorm, qkv_w, qkv_b, o_w, o_b, layer.post_attention_layernorm,
+                                      gu_w, gu_b, down_w, down_b, mlp.act_fn))
+        self.head_dim, self.scale = inner.layers[0].self_attn.head_dim, inner.layers[0].self_attn.scaling
+        self.dtype, self.device = self.embed_w.dtype, self.embed_w.device
+
+    # -------------------------------------------------------------------------------------------- forward
+
+    def _forward(self, ids_B_T, cos_B_T_D, sin_B_T_D, cache, start: int, mask_B_1_T_S) -> torch.Tensor:
+        """Run tokens at cache columns [start, start + T) through the model; return the last column's hidden state."""
+        B, T = ids_B_T.shape
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        x = F.embedding(ids_B_T, self.embed_w)
+        cos, sin = cos_B_T_D[:, None], sin_B_T_D[:, None]
+        end = start + T
+        for layer, (k_cache, v_cache) in zip(self.layers, cache):
+            h = layer.norm1(x)
+            qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
+            qk = qkv[..., :(H + Hkv) * D].view(B, T, H + Hkv, D).transpose(1, 2)
+            qk = qk * cos + _rotate_half(qk) * sin  # rotary embedding, on q and k at once
+            q, k = qk[:, :H], qk[:, H:]
+            v = qkv[..., (H + Hkv) * D:].view(B, T, Hkv, D).transpose(1, 2)
+            k_cache[:, :, start:end] = k
+            v_cache[:, :, start:end] = v
+            att = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask_B_1_T_S,
+                                                 scale=self.scale, enable_gqa=H != Hkv)
+            x = x + F.linear(att.transpose(1, 2).reshape(B, T, H * D), layer.o_w, layer.o_b)
+            gate, up = F.linear(layer.norm2(x), layer.gate_up_w, layer.gate_up_b).chunk(2, -1)
+            x = x + F.linear(layer.act(gate) * up, layer.down_w, layer.down_b)
+        return self.final_norm(x[:, -1])
+
+    def _logits(self, hidden_B_d) -> torch.Tensor:
+        return F.linear(hidden_B_d, self.lm_head_w, self.lm_head_b).float()
+
+    # -------------------------------------------------------------------------------------------- sampling
+
+    @torch.inference_mode()
+    def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float, eos_ids: list[int],
+               pad_id: int, min_new_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample up to `max_new_tokens` per prompt. Returns (tokens_B_T, logp_B_T) on the CPU: T <= max_new_tokens
+        (the loop stops once every row has an EOS); after a row's first EOS its tokens are `pad_id`."""
+        B, dev = len(prompts_ids), self.device
+        P = max(len(p) for p in prompts_ids)
+        S = P + max_new_tokens
+        # Identical prompts (n samples per pair) share one prefill; their caches are copied into each row.
+        unique: dict[tuple, int] = {}
+        row_of = [unique.setdefault(tuple(p), len(unique)) for p in prompts_ids]
+        U = len(unique)
+        prompt_ids = torch.full((U, P), pad_id, dtype=torch.long)
+        lengths = torch.zeros(U, dtype=torch.long)
+        for p, u in unique.items():
+            prompt_ids[u, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            lengths[u] = len(p)
+        cols = torch.arange(S)
+        valid_U_S = (cols[None, :] >= P - lengths[:, None])
+        pos_U_S = (cols[None, :] - (P - lengths[:, None])).clamp(min=0)
+        prompt_ids, valid_U_S, pos_U_S = prompt_ids.to(dev), valid_U_S.to(dev), pos_U_S.to(dev)
+        cos_U_S_D, sin_U_S_D = self.rotary(self.embed_w, pos_U_S)
+
+        def new_cache(n):
+            return [(torch.empty(n, self.n_kv, S, self.head_dim, dtype=self.dtype, device=dev),
+                     torch.empty(n, self.n_kv, S, self.head_dim, dtype=self.dtype, device=dev))
+                    for _ in self.layers]
+
+        # prefill: causal over real keys; a padding query attends to itself only (keeps its row finite)
+        causal_P_P = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+        eye_P_P = torch.eye(P, dtype=torch.bool, device=dev)
+        mask = ((causal_P_P[None] & valid_U_S[:, None, :P]) | eye_P_P[None])[:, None]
+        prefill_cache = new_cache(U)
+        hidden = self._forward(prompt_ids, cos_U_S_D[:, :P], sin_U_S_D[:, :P], prefill_cache, 0, mask)
+        index = torch.tensor(row_of, device=dev)
+        if U == B and row_of == list(range(B)):
+            cache = prefill_cache
+        else:
+            cache = new_cache(B)
+            for (k, v), (k_u, v_u) in zip(cache, prefill_cache):
+                k[:, :, :P] = k_u[index, :, :P]
+                v[:, :, :P] = v_u[index, :, :P]
+            del prefill_cache
+        hidden = hidden[index]
+        valid_B_S, cos_B_S_D, sin_B_S_D = valid_U_S[index], cos_U_S_D[index], sin_U_S_D[index]
+
+        eos = torch.tensor(eos_ids, device=dev)
+        done_B = torch.zeros(B, dtype=torch.bool, device=dev)
+        tokens, logps = [], []
+        for t in range(max_new_tokens):
+            logits_B_V = self._logits(hidden) / temperature
+            if t < min_new_tokens:
+                logits_B_V.index_fill_(1, eos, -float("inf"))
+            logp_B_V = torch.log_softmax(logits_B_V, -1)
+            tok_B = torch.multinomial(logp_B_V.exp(), 1)[:, 0]  # a non-finite row raises "probability tensor ..."
+            logps.append(logp_B_V.gather(-1, tok_B[:, None])[:, 0])
+            tok_B = torch.where(done_B, torch.full_like(tok_B, pad_id), tok_B)
+            tokens.append(tok_B)
+            done_B = done_B | torch.isin(tok_B, eos)
+            if t == max_new_tokens - 1 or bool(done_B.all()):
+                break
+            col = P + t
+            mask = valid_B_S[:, None, None, :col + 1]
+            hidden = self._forward(tok_B[:, None], cos_B_S_D[:, col:col + 1], sin_B_S_D[:, col:col + 1], cache, col,
+                                   mask)
+        return torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def llama_engine(model) -> LlamaEngine | None:
+    """A `LlamaEngine` over the model's current weights, or None when the model is outside what it reproduces."""
+    try:
+        return LlamaEngine(model)
+    except (Unsupported, AttributeError, TypeError):
+        return None
