@@ -9,12 +9,15 @@ through a short explicit loop instead:
             (W + scaling * B @ A, a temporary copy: the model itself is not touched). q/k/v and gate/up are fused
             into one matmul each.
   cache     preallocated keys and values for prompt + max_new_tokens positions; one matmul pass per layer per step.
-  sampling  pure temperature sampling from softmax(logits / T) with `torch.multinomial` on the global RNG (so
-            `torch.manual_seed` makes it reproducible, and checkpointed RNG state covers it); rows stop at their
-            first EOS; EOS is masked out before `min_new_tokens`.
+  sampling  pure temperature sampling from softmax(logits / T), by inverse CDF: one uniform draw per row from the
+            global torch RNG (so `torch.manual_seed` makes it reproducible, and checkpointed RNG state covers it),
+            the first token whose cumulative probability exceeds it (an order of magnitude cheaper on a CPU than
+            `torch.multinomial`, which draws an exponential per vocabulary entry); rows stop at their first EOS;
+            EOS is masked out before `min_new_tokens`.
 
-It computes what the model computes, up to float rounding: the layers' own RMSNorm modules, rotary-embedding module
-and activation are called; the attention is softmax(q k^T * scale) v over the unpadded keys. Models it does not
+It computes what the model computes, up to float rounding: the layers' own rotary-embedding module and activation
+are called, RMSNorm is `F.rms_norm` with the layer's weight and epsilon (the module itself outside float32); the
+attention is softmax(q k^T * scale) v over the unpadded keys. Models it does not
 recognise exactly (another architecture, a rope type whose frequencies depend on the sequence length, DoRA or other
 LoRA variants, a quantised base layer) return None from `llama_engine`, and the caller falls back to `generate`.
 
@@ -136,13 +139,15 @@ class LlamaEngine:
         B, T = ids_B_T.shape
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         x = F.embedding(ids_B_T, self.embed_w)
-        cos, sin = cos_B_T_D[:, None], sin_B_T_D[:, None]
+        # rotary embedding as x * cos + swap_halves(x) * (-sin, +sin): the same products as x * cos + rotate_half(x) * sin
+        cos = cos_B_T_D[:, None]
+        sin = torch.cat((-sin_B_T_D[..., :D // 2], sin_B_T_D[..., D // 2:]), -1)[:, None]
         end = start + T
         for layer, (k_cache, v_cache) in zip(self.layers, cache):
-            h = layer.norm1(x)
+            h = _rms_norm(layer.norm1, x)
             qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
             qk = qkv[..., :(H + Hkv) * D].view(B, T, H + Hkv, D).transpose(1, 2)
-            qk = qk * cos + _rotate_half(qk) * sin  # rotary embedding, on q and k at once
+            qk = qk * cos + qk.unflatten(-1, (2, D // 2)).flip(-2).flatten(-2) * sin  # q and k at once
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[..., (H + Hkv) * D:].view(B, T, Hkv, D).transpose(1, 2)
             k_cache[:, :, start:end] = k
@@ -150,9 +155,9 @@ class LlamaEngine:
             att = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask_B_1_T_S,
                                                  scale=self.scale, enable_gqa=H != Hkv)
             x = x + F.linear(att.transpose(1, 2).reshape(B, T, H * D), layer.o_w, layer.o_b)
-            gate, up = F.linear(layer.norm2(x), layer.gate_up_w, layer.gate_up_b).chunk(2, -1)
+            gate, up = F.linear(_rms_norm(layer.norm2, x), layer.gate_up_w, layer.gate_up_b).chunk(2, -1)
             x = x + F.linear(layer.act(gate) * up, layer.down_w, layer.down_b)
-        return self.final_norm(x[:, -1])
+        return _rms_norm(self.final_norm, x[:, -1])
 
     def _logits(self, hidden_B_d) -> torch.Tensor:
         return F.linear(hidden_B_d, self.lm_head_w, self.lm_head_b).float()
@@ -190,7 +195,7 @@ class LlamaEngine:
         # prefill: causal over real keys; a padding query attends to itself only (keeps its row finite)
         causal_P_P = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
         eye_P_P = torch.eye(P, dtype=torch.bool, device=dev)
-        mask = ((causal_P_P[None] & valid_U_S[:, None, :P]) | eye_P_P[None])[:, None]
+        mask = _additive(((causal_P_P[None] & valid_U_S[:, None, :P]) | eye_P_P[None])[:, None], self.dtype)
         prefill_cache = new_cache(U)
         hidden = self._forward(prompt_ids, cos_U_S_D[:, :P], sin_U_S_D[:, :P], prefill_cache, 0, mask)
         index = torch.tensor(row_of, device=dev)
@@ -203,7 +208,8 @@ class LlamaEngine:
                 v[:, :, :P] = v_u[index, :, :P]
             del prefill_cache
         hidden = hidden[index]
-        valid_B_S, cos_B_S_D, sin_B_S_D = valid_U_S[index], cos_U_S_D[index], sin_U_S_D[index]
+        bias_B_1_1_S = _additive(valid_U_S[index][:, None, None], self.dtype)
+        cos_B_S_D, sin_B_S_D = cos_U_S_D[index], sin_U_S_D[index]
 
         eos = torch.tensor(eos_ids, device=dev)
         done_B = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -213,7 +219,7 @@ class LlamaEngine:
             if t < min_new_tokens:
                 logits_B_V.index_fill_(1, eos, -float("inf"))
             logp_B_V = torch.log_softmax(logits_B_V, -1)
-            tok_B = torch.multinomial(logp_B_V.exp(), 1)[:, 0]  # a non-finite row raises "probability tensor ..."
+            tok_B = _draw(logp_B_V)
             logps.append(logp_B_V.gather(-1, tok_B[:, None])[:, 0])
             tok_B = torch.where(done_B, torch.full_like(tok_B, pad_id), tok_B)
             tokens.append(tok_B)
@@ -221,15 +227,34 @@ class LlamaEngine:
             if t == max_new_tokens - 1 or bool(done_B.all()):
                 break
             col = P + t
-            mask = valid_B_S[:, None, None, :col + 1]
             hidden = self._forward(tok_B[:, None], cos_B_S_D[:, col:col + 1], sin_B_S_D[:, col:col + 1], cache, col,
-                                   mask)
+                                   bias_B_1_1_S[..., :col + 1])
         return torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu()
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if type(module).__name__ == "LlamaRMSNorm" and x.dtype == torch.float32:
+        return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+    return module(x)
+
+
+def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive one SDPA would build from it (0 where allowed, -inf elsewhere)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, -float("inf"))
+
+
+def _draw(logp_B_V: torch.Tensor) -> torch.Tensor:
+    """One token per row from exp(logp_B_V), by inverse CDF on one uniform draw per row (global RNG).
+
+    The draw is kept strictly below the total mass, so the chosen token always has a positive probability.
+    """
+    cdf_B_V = logp_B_V.exp().cumsum(-1)
+    total_B_1 = cdf_B_V[:, -1:]
+    if not bool(torch.isfinite(total_B_1).all()):
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    u_B_1 = torch.rand(total_B_1.shape, device=total_B_1.device, dtype=total_B_1.dtype) * total_B_1
+    u_B_1 = torch.minimum(u_B_1, torch.nextafter(total_B_1, torch.zeros_like(total_B_1)))
+    return torch.searchsorted(cdf_B_V, u_B_1, right=True)[:, 0]
 
 
 def llama_engine(model) -> LlamaEngine | None:

@@ -19,6 +19,10 @@ sits in column P + j and is predicted by the logits in column P + j - 1, whateve
 are counted from each row's first real token, so a padded row computes what it would compute alone (up to float
 rounding).
 
+When several rows share one prompt (OPCT samples n responses per prompt), `pack(..., share_prompts=True)` notes which,
+and `response_logits` runs the prompt block once per distinct prompt, copies its key/value cache to each row, and
+runs only the response block per row: the same logits (up to float rounding) for fewer FLOPs, in forward and backward.
+
 Reading activations at named sites (DESIGN §3: residual stream per layer, MLP hidden state, attention probabilities)
 is `HFPolicy.read_activations`, over the forward hooks of `opct.activations` (which the training methods ACT, MLPCT
 and AttCT use directly, with gradients).
@@ -70,10 +74,18 @@ class PackedBatch:
     response_ids_B_R: torch.Tensor  # right-padded with pad_id (never read as a mask)
     response_lengths_B: torch.Tensor
     prompt_width: int  # P
+    # share_prompts: row b's prompt is distinct prompt prompt_index_B[b], whose first row is first_rows_U[u]
+    prompt_index_B: torch.Tensor | None = None
+    first_rows_U: torch.Tensor | None = None
 
 
-def pack(prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]], pad_id: int, device) -> PackedBatch:
-    """Lay out prompts (left-padded) and responses (right-padded) as described in the module docstring."""
+def pack(prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]], pad_id: int, device,
+         share_prompts: bool = False) -> PackedBatch:
+    """Lay out prompts (left-padded) and responses (right-padded) as described in the module docstring.
+
+    `share_prompts`: when some rows have identical prompts, record them so that `response_logits` computes each
+    distinct prompt once (the layout itself is the same).
+    """
     if len(prompts_ids) != len(responses_ids):
         raise ValueError(f"{len(prompts_ids)} prompts but {len(responses_ids)} responses")
     B = len(prompts_ids)
@@ -90,7 +102,15 @@ def pack(prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]], p
     # Positions count real tokens only, so left padding does not shift them (generate() does the same).
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     lengths = torch.tensor([len(r) for r in responses_ids], dtype=torch.long)
-    return PackedBatch(ids.to(device), attn.to(device), pos.to(device), ids[:, P:].to(device), lengths.to(device), P)
+    batch = PackedBatch(ids.to(device), attn.to(device), pos.to(device), ids[:, P:].to(device), lengths.to(device), P)
+    if share_prompts:
+        distinct: dict[tuple, int] = {}
+        index = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts_ids]
+        if len(distinct) < B:
+            first = [index.index(u) for u in range(len(distinct))]
+            batch.prompt_index_B = torch.tensor(index, dtype=torch.long, device=device)
+            batch.first_rows_U = torch.tensor(first, dtype=torch.long, device=device)
+    return batch
 
 
 def _innermost(model):
@@ -101,20 +121,56 @@ def _innermost(model):
     return model
 
 
+def _last_logits(model, n: int, **kwargs):
+    """The model's output, with logits for the last `n` columns only when the model can skip the others."""
+    if "logits_to_keep" in inspect.signature(_innermost(model).forward).parameters:
+        out = model(**kwargs, logits_to_keep=n)
+        return out, out.logits
+    out = model(**kwargs)
+    return out, out.logits[:, -n:]
+
+
+def _can_share_prompts(model) -> bool:
+    inner = _innermost(model)
+    checkpointing = getattr(type(inner), "is_activation_checkpointing", None)
+    checkpointing = inner.is_activation_checkpointing if checkpointing is not None else getattr(
+        inner, "is_gradient_checkpointing", False)
+    # activation checkpointing turns the cache off in training mode; without a `cache` argument there is none
+    params = inspect.signature(inner.forward).parameters
+    return not checkpointing and ("cache" in params or "past_key_values" in params)
+
+
 def response_logits(model, batch: PackedBatch) -> torch.Tensor:
     """Logits that predict each response token: `logits_B_R_V[:, j]` predicts `batch.response_ids_B_R[:, j]`.
 
-    `model` may be wrapped (DDP, peft); gradients flow if the caller has them enabled.
+    `model` may be wrapped (DDP, peft); gradients flow if the caller has them enabled. A batch packed with
+    `share_prompts` runs each distinct prompt once (see the module docstring).
     """
     R = batch.response_ids_B_R.shape[1]
-    kwargs = dict(input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,
-                  position_ids=batch.position_ids_B_L, use_cache=False)
+    if batch.prompt_index_B is not None and _can_share_prompts(model):
+        return _shared_prompt_logits(model, batch)
     # Only the last R + 1 columns are needed; asking for fewer saves a (B, P, V) tensor on long prompts.
-    if "logits_to_keep" in inspect.signature(_innermost(model).forward).parameters:
-        logits = model(**kwargs, logits_to_keep=R + 1).logits
-    else:
-        logits = model(**kwargs).logits[:, -(R + 1):]
+    _, logits = _last_logits(model, R + 1, input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,
+                             position_ids=batch.position_ids_B_L, use_cache=False)
     return logits[:, :-1]
+
+
+def _shared_prompt_logits(model, batch: PackedBatch) -> torch.Tensor:
+    """`response_logits` with each distinct prompt run once: prompt block of the first row of each distinct prompt
+    (its last column's logits predict response token 0), its key/value cache copied to every row that shares it
+    (`index_select`, so gradients flow back to the one prompt pass), then the response block of every row."""
+    P, R = batch.prompt_width, batch.response_ids_B_R.shape[1]
+    first, index = batch.first_rows_U, batch.prompt_index_B
+    cache_arg = "cache" if "cache" in inspect.signature(_innermost(model).forward).parameters else "past_key_values"
+    out, first_logits_U_1_V = _last_logits(
+        model, 1, input_ids=batch.input_ids_B_L[first, :P], attention_mask=batch.attention_mask_B_L[first, :P],
+        position_ids=batch.position_ids_B_L[first, :P], use_cache=True)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    cache.reorder_cache(index)
+    _, response_logits_B_R_V = _last_logits(
+        model, R, input_ids=batch.input_ids_B_L[:, P:], attention_mask=batch.attention_mask_B_L,
+        position_ids=batch.position_ids_B_L[:, P:], use_cache=True, **{cache_arg: cache})
+    return torch.cat([first_logits_U_1_V[index], response_logits_B_R_V[:, :-1]], 1)
 
 
 # ------------------------------------------------------------------------------------------------ HF policy
