@@ -193,12 +193,13 @@ def run_worker(name: str, a, extra_env=None) -> tuple[dict | None, str]:
 # ------------------------------------------------------------------------------------------------ report
 
 def model_flops_per_step(n_linear: int, a, student_len: int, teacher_len: int) -> float:
-    """Model FLOPs of one opct step, 2 x linear-layer params per token per forward pass: sampling (prefill + cached
-    decode), student forward, student backward (activation gradients only: LoRA leaves the base weights frozen, and
-    the adapter's own FLOPs are negligible), teacher forward."""
+    """Model FLOPs of one opct step as opct executes it, 2 x linear-layer params per token per forward pass: sampling
+    (prefill + cached decode), student forward, student backward (activation gradients only: LoRA leaves the base
+    weights frozen, and the adapter's own FLOPs are negligible), teacher forward. opct runs each distinct prompt once
+    per step (the n samples of a pair share it), so prompts count once per pair, responses once per row."""
     rows, L = a.pairs * a.samples, a.response_len
-    sampling = student_forward = student_backward = student_len + L
-    return 2 * n_linear * rows * (sampling + student_forward + student_backward + teacher_len + L)
+    student = a.pairs * student_len + rows * L  # sampling, student forward, student backward: each this many tokens
+    return 2 * n_linear * (3 * student + a.pairs * teacher_len + rows * L)
 
 
 def main(argv=None):

@@ -17,9 +17,9 @@ through a short explicit loop instead:
 
 It computes what the model computes, up to float rounding: the layers' own rotary-embedding module and activation
 are called, RMSNorm is `F.rms_norm` with the layer's weight and epsilon (the module itself outside float32); the
-attention is softmax(q k^T * scale) v over the unpadded keys. Models it does not
-recognise exactly (another architecture, a rope type whose frequencies depend on the sequence length, DoRA or other
-LoRA variants, a quantised base layer) return None from `llama_engine`, and the caller falls back to `generate`.
+attention is softmax(q k^T * scale) v over the unpadded keys. Models it does not recognise exactly (another
+architecture, a rope type whose frequencies depend on the sequence length, DoRA or other LoRA variants, a quantised
+base layer, registered forward hooks) give None from `llama_engine`, and the caller falls back to `generate`.
 
 Batch layout: prompts are left-padded to width P; position ids count each row's real tokens from 0 (as `pack` and
 generate do); token t of the response sits at cache column P + t.
@@ -41,11 +41,12 @@ class Unsupported(Exception):
     """The model (or one of its adapters) is outside what the engine reproduces exactly."""
 
 
-def _effective_linear(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight, bias) that `module(x)` applies in eval mode: a plain Linear, or a peft LoRA Linear with its active
-    adapters folded in, mirroring `peft.tuners.lora.Linear.forward` (merged -> base only; disabled -> base only)."""
+def _parts(module: torch.nn.Module):
+    """(base weight, base bias, [(B, A, scaling), ...]) that `module(x)` applies in eval mode: a plain Linear, or a
+    peft LoRA Linear with its active adapters, mirroring `peft.tuners.lora.Linear.forward` (merged -> base only;
+    disabled -> base only)."""
     if type(module) is torch.nn.Linear:
-        return module.weight, module.bias
+        return module.weight, module.bias, []
     try:
         from peft.tuners.lora import Linear as LoraLinear
     except ImportError:  # peft is optional for inference
@@ -56,27 +57,43 @@ def _effective_linear(module: torch.nn.Module) -> tuple[torch.Tensor, torch.Tens
     if module.disable_adapters:
         if module.merged:  # peft would unmerge in place here; leave that to the slow path
             raise Unsupported("disabled but merged adapter")
-        return base.weight, base.bias
+        return base.weight, base.bias, []
     if module.merged:
-        return base.weight, base.bias
-    weight = base.weight
+        return base.weight, base.bias, []
+    deltas = []
     for name in module.active_adapters:
         if name not in module.lora_A:
             continue
         if name in getattr(module, "lora_variant", {}) or getattr(module, "lora_bias", {}).get(name):
             raise Unsupported(f"LoRA variant on adapter {name!r}")
-        weight = weight + module.get_delta_weight(name).to(weight.dtype)
-    return weight, base.bias
+        A, B = module.lora_A[name].weight, module.lora_B[name].weight
+        if module.fan_in_fan_out or A.dtype != base.weight.dtype or B.dtype != base.weight.dtype:
+            raise Unsupported("LoRA layout or dtype")
+        deltas.append((B, A, module.scaling[name]))
+    return base.weight, base.bias, deltas
 
 
 def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One (out_1 + out_2 + ..., in) weight (and bias) for linear layers that read the same input."""
-    pairs = [_effective_linear(m) for m in modules]
-    biases = [b for _, b in pairs]
-    if any(b is not None for b in biases):
-        biases = [b if b is not None else w.new_zeros(w.shape[0]) for (w, _), b in zip(pairs, biases)]
-        return torch.cat([w for w, _ in pairs]), torch.cat(biases)
-    return torch.cat([w for w, _ in pairs]), None
+    """The effective (weight, bias) of linear layers that read the same input, stacked into one (out_1 + out_2 + ...,
+    in) weight: base weight + scaling * B @ A for every active LoRA adapter, written straight into the stacked copy.
+    A single plain layer is returned as is (no copy)."""
+    parts = [_parts(m) for m in modules]
+    if len(parts) == 1 and not parts[0][2]:
+        return parts[0][0], parts[0][1]
+    w0 = parts[0][0]
+    weight = torch.empty(sum(w.shape[0] for w, _, _ in parts), w0.shape[1], dtype=w0.dtype, device=w0.device)
+    row = 0
+    for w, _, deltas in parts:
+        dst = weight[row:row + w.shape[0]]
+        if not deltas:
+            dst.copy_(w)
+        for i, (B, A, scaling) in enumerate(deltas):
+            torch.addmm(w if i == 0 else dst, B, A, alpha=scaling, out=dst)
+        row += w.shape[0]
+    biases = [b for _, b, _ in parts]
+    if all(b is None for b in biases):
+        return weight, None
+    return weight, torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for (w, _, _), b in zip(parts, biases)])
 
 
 @dataclass
@@ -104,8 +121,13 @@ def _innermost(model):
 class LlamaEngine:
     """Sampling over a snapshot of a Llama model's effective weights (take a new one after the weights change)."""
 
+    @torch.no_grad()  # a snapshot: no graph back to the adapter weights
     def __init__(self, model):
         lm = _innermost(model)
+        # forward hooks (activation recording, steering) would be bypassed: leave hooked models to generate()
+        if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks or any(
+                m._forward_hooks or m._forward_pre_hooks for m in getattr(model, "module", model).modules()):
+            raise Unsupported("forward hooks")
         cfg = lm.config
         if getattr(cfg, "model_type", None) != "llama" or getattr(cfg, "pretraining_tp", 1) != 1:
             raise Unsupported(f"model_type {getattr(cfg, 'model_type', None)!r}")
@@ -118,15 +140,15 @@ class LlamaEngine:
         self.embed_w = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
         self.final_norm = inner.norm
-        self.lm_head_w, self.lm_head_b = _effective_linear(lm.lm_head)
+        self.lm_head_w, self.lm_head_b = _fused([lm.lm_head])
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.layers = []
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
             qkv_w, qkv_b = _fused([att.q_proj, att.k_proj, att.v_proj])
-            o_w, o_b = _effective_linear(att.o_proj)
+            o_w, o_b = _fused([att.o_proj])
             gu_w, gu_b = _fused([mlp.gate_proj, mlp.up_proj])
-            down_w, down_b = _effective_linear(mlp.down_proj)
+            down_w, down_b = _fused([mlp.down_proj])
             self.layers.append(_Layer(layer.input_layernorm, qkv_w, qkv_b, o_w, o_b, layer.post_attention_layernorm,
                                       gu_w, gu_b, down_w, down_b, mlp.act_fn))
         self.head_dim, self.scale = inner.layers[0].self_attn.head_dim, inner.layers[0].self_attn.scaling
@@ -135,13 +157,13 @@ class LlamaEngine:
     # -------------------------------------------------------------------------------------------- forward
 
     def _forward(self, ids_B_T, cos_B_T_D, sin_B_T_D, cache, start: int, mask_B_1_T_S) -> torch.Tensor:
-        """Run tokens at cache columns [start, start + T) through the model; return the last column's hidden state."""
+        """Run tokens at cache columns [start, start + T) through the model; return the last column's hidden state.
+        `sin_B_T_D` carries rotate_half's signs: its first half negated."""
         B, T = ids_B_T.shape
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         x = F.embedding(ids_B_T, self.embed_w)
-        # rotary embedding as x * cos + swap_halves(x) * (-sin, +sin): the same products as x * cos + rotate_half(x) * sin
-        cos = cos_B_T_D[:, None]
-        sin = torch.cat((-sin_B_T_D[..., :D // 2], sin_B_T_D[..., D // 2:]), -1)[:, None]
+        # rotary embedding as x * cos + swap_halves(x) * signed_sin (see `sample`): x * cos + rotate_half(x) * sin
+        cos, sin = cos_B_T_D[:, None], sin_B_T_D[:, None]
         end = start + T
         for layer, (k_cache, v_cache) in zip(self.layers, cache):
             h = _rms_norm(layer.norm1, x)
@@ -186,6 +208,8 @@ class LlamaEngine:
         pos_U_S = (cols[None, :] - (P - lengths[:, None])).clamp(min=0)
         prompt_ids, valid_U_S, pos_U_S = prompt_ids.to(dev), valid_U_S.to(dev), pos_U_S.to(dev)
         cos_U_S_D, sin_U_S_D = self.rotary(self.embed_w, pos_U_S)
+        half = self.head_dim // 2
+        sin_U_S_D = torch.cat((-sin_U_S_D[..., :half], sin_U_S_D[..., half:]), -1)  # rotate_half's signs, once
 
         def new_cache(n):
             return [(torch.empty(n, self.n_kv, S, self.head_dim, dtype=self.dtype, device=dev),

@@ -52,6 +52,20 @@ def test_llama_models_take_the_engine_and_other_architectures_do_not(policy):
     assert llama_engine(GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=4))) is None
 
 
+def test_a_model_with_forward_hooks_falls_back_to_generate(policy):
+    """Hooks (activation recording, steering) only run inside the model's own forward, so the engine must not skip
+    them."""
+    seen = []
+    handle = policy.model.model.layers[0].register_forward_hook(lambda *_: seen.append(1))
+    try:
+        assert llama_engine(policy.model) is None
+        smp = policy.sample([policy.render(tiny_lm.clean_q("sky"))], max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert len(smp.response_ids[0]) == 3 and seen
+    assert llama_engine(policy.model) is not None
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_engine_logprobs_match_the_models_forward_under_lora(temperature):
     """Merged-weight sampling reports the log-probs the adapter model (3 matmuls per linear) assigns; with the
