@@ -20,8 +20,9 @@ are counted from each row's first real token, so a padded row computes what it w
 rounding).
 
 When several rows share one prompt (OPCT samples n responses per prompt), `pack(..., share_prompts=True)` notes which,
-and `response_logits` runs the prompt block once per distinct prompt, copies its key/value cache to each row, and
-runs only the response block per row: the same logits (up to float rounding) for fewer FLOPs, in forward and backward.
+and `response_logits` lays each distinct prompt out once, followed by all of its responses, with an attention mask
+that keeps the responses apart (`_shared_prompt_logits`): the same logits (up to float rounding) in one forward pass
+with fewer tokens, in forward and backward.
 
 Reading activations at named sites (DESIGN §3: residual stream per layer, MLP hidden state, attention probabilities)
 is `HFPolicy.read_activations`, over the forward hooks of `opct.activations` (which the training methods ACT, MLPCT
@@ -74,8 +75,10 @@ class PackedBatch:
     response_ids_B_R: torch.Tensor  # right-padded with pad_id (never read as a mask)
     response_lengths_B: torch.Tensor
     prompt_width: int  # P
-    # share_prompts: row b's prompt is distinct prompt prompt_index_B[b], whose first row is first_rows_U[u]
+    # share_prompts: row b's prompt is distinct prompt prompt_index_B[b] (whose first row is first_rows_U[u]), and row b
+    # is the slot_B[b]-th row with that prompt
     prompt_index_B: torch.Tensor | None = None
+    slot_B: torch.Tensor | None = None
     first_rows_U: torch.Tensor | None = None
 
 
@@ -108,7 +111,9 @@ def pack(prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]], p
         index = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts_ids]
         if len(distinct) < B:
             first = [index.index(u) for u in range(len(distinct))]
+            slot = [index[:i].count(u) for i, u in enumerate(index)]
             batch.prompt_index_B = torch.tensor(index, dtype=torch.long, device=device)
+            batch.slot_B = torch.tensor(slot, dtype=torch.long, device=device)
             batch.first_rows_U = torch.tensor(first, dtype=torch.long, device=device)
     return batch
 
@@ -131,13 +136,9 @@ def _last_logits(model, n: int, **kwargs):
 
 
 def _can_share_prompts(model) -> bool:
-    inner = _innermost(model)
-    checkpointing = getattr(type(inner), "is_activation_checkpointing", None)
-    checkpointing = inner.is_activation_checkpointing if checkpointing is not None else getattr(
-        inner, "is_gradient_checkpointing", False)
-    # activation checkpointing turns the cache off in training mode; without a `cache` argument there is none
-    params = inspect.signature(inner.forward).parameters
-    return not checkpointing and ("cache" in params or "past_key_values" in params)
+    """The shared-prompt layout needs a custom 4D attention mask: the attention implementations that take one."""
+    impl = getattr(getattr(_innermost(model), "config", None), "_attn_implementation", None)
+    return impl in ("sdpa", "eager")
 
 
 def response_logits(model, batch: PackedBatch) -> torch.Tensor:
@@ -156,21 +157,50 @@ def response_logits(model, batch: PackedBatch) -> torch.Tensor:
 
 
 def _shared_prompt_logits(model, batch: PackedBatch) -> torch.Tensor:
-    """`response_logits` with each distinct prompt run once: prompt block of the first row of each distinct prompt
-    (its last column's logits predict response token 0), its key/value cache copied to every row that shares it
-    (`index_select`, so gradients flow back to the one prompt pass), then the response block of every row."""
+    """`response_logits` with each distinct prompt run once, in one forward pass over U rows (U distinct prompts):
+
+        row u:  [pad ... pad | prompt_u | response of slot 0 | response of slot 1 | ... ]   width P + G * R
+
+    where the G slots hold the responses of the rows that share prompt u (empty slots are padding). A custom 4D
+    mask lets a response token see the real prompt tokens and the earlier tokens of its own slot only, and each slot's
+    position ids continue from the prompt, so every response is computed exactly as in its own row (up to float
+    rounding). A padding query sees only itself (a finite row, no NaN in the backward pass). The prompt's last
+    column predicts token 0 of every slot.
+    """
     P, R = batch.prompt_width, batch.response_ids_B_R.shape[1]
-    first, index = batch.first_rows_U, batch.prompt_index_B
-    cache_arg = "cache" if "cache" in inspect.signature(_innermost(model).forward).parameters else "past_key_values"
-    out, first_logits_U_1_V = _last_logits(
-        model, 1, input_ids=batch.input_ids_B_L[first, :P], attention_mask=batch.attention_mask_B_L[first, :P],
-        position_ids=batch.position_ids_B_L[first, :P], use_cache=True)
-    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-    cache.reorder_cache(index)
-    _, response_logits_B_R_V = _last_logits(
-        model, R, input_ids=batch.input_ids_B_L[:, P:], attention_mask=batch.attention_mask_B_L,
-        position_ids=batch.position_ids_B_L[:, P:], use_cache=True, **{cache_arg: cache})
-    return torch.cat([first_logits_U_1_V[index], response_logits_B_R_V[:, :-1]], 1)
+    dev = batch.input_ids_B_L.device
+    prompt_B, slot_B, first_U = batch.prompt_index_B, batch.slot_B, batch.first_rows_U
+    U, G = len(first_U), int(slot_B.max()) + 1
+    L = P + G * R
+    cols_B_R = P + slot_B[:, None] * R + torch.arange(R, device=dev)[None, :]
+    rows_B_R = prompt_B[:, None].expand(-1, R)
+
+    def lay_out(prompt_part_U_P, response_part_B_R, fill):
+        out = torch.full((U, L), fill, dtype=prompt_part_U_P.dtype, device=dev)
+        out[:, :P] = prompt_part_U_P
+        out[rows_B_R, cols_B_R] = response_part_B_R
+        return out
+
+    ids_U_L = lay_out(batch.input_ids_B_L[first_U, :P], batch.response_ids_B_R, 0)
+    real_U_L = lay_out(batch.attention_mask_B_L[first_U, :P], batch.attention_mask_B_L[:, P:], 0).bool()
+    pos_U_L = lay_out(batch.position_ids_B_L[first_U, :P], batch.position_ids_B_L[:, P:], 0)
+    segment_L = torch.cat([torch.zeros(P, dtype=torch.long, device=dev),
+                           torch.arange(1, G + 1, device=dev).repeat_interleave(R)])
+    causal_L_L = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+    visible_L_L = causal_L_L & ((segment_L[None, :] == 0) | (segment_L[None, :] == segment_L[:, None]))
+    allowed_U_L_L = (visible_L_L[None] & real_U_L[:, None, :]) | torch.eye(L, dtype=torch.bool, device=dev)[None]
+    if _innermost(model).config._attn_implementation == "sdpa":
+        mask = allowed_U_L_L[:, None]
+    else:  # eager attention adds the mask to the scores
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(allowed_U_L_L[:, None].shape, dtype=dtype, device=dev).masked_fill_(
+            ~allowed_U_L_L[:, None], torch.finfo(dtype).min)
+    _, logits_U_K_V = _last_logits(model, L - (P - 1), input_ids=ids_U_L, attention_mask=mask, position_ids=pos_U_L,
+                                   use_cache=False)
+    # column c of the layout is column c - (P - 1) of the kept logits; token j of a slot is predicted by column P - 1
+    # (j = 0) or by the slot's column j - 1
+    predictors_B_R = torch.cat([torch.zeros_like(cols_B_R[:, :1]), cols_B_R[:, :-1] - (P - 1)], 1)
+    return logits_U_K_V[rows_B_R, predictors_B_R]
 
 
 # ------------------------------------------------------------------------------------------------ HF policy
