@@ -239,7 +239,9 @@ class LlamaEngine:
         done_B = torch.zeros(B, dtype=torch.bool, device=dev)
         tokens, logps = [], []
         for t in range(max_new_tokens):
-            logits_B_V = self._logits(hidden) / temperature
+            logits_B_V = self._logits(hidden)
+            if temperature != 1.0:
+                logits_B_V = logits_B_V / temperature
             if t < min_new_tokens:
                 logits_B_V.index_fill_(1, eos, -float("inf"))
             logp_B_V = torch.log_softmax(logits_B_V, -1)
@@ -253,7 +255,10 @@ class LlamaEngine:
             col = P + t
             hidden = self._forward(tok_B[:, None], cos_B_S_D[:, col:col + 1], sin_B_S_D[:, col:col + 1], cache, col,
                                    bias_B_1_1_S[..., :col + 1])
-        return torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu()
+        logp_B_T = torch.stack(logps, 1).cpu()
+        if not bool(torch.isfinite(logp_B_T).all()):  # checked once here rather than at every step
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        return torch.stack(tokens, 1).cpu(), logp_B_T
 
 
 def _rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -270,15 +275,14 @@ def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
 def _draw(logp_B_V: torch.Tensor) -> torch.Tensor:
     """One token per row from exp(logp_B_V), by inverse CDF on one uniform draw per row (global RNG).
 
-    The draw is kept strictly below the total mass, so the chosen token always has a positive probability.
+    The draw is kept strictly below the total mass, so the chosen token always has a positive probability. Rows that
+    are not finite (diverged weights) are caught by the caller through their log-probs.
     """
     cdf_B_V = logp_B_V.exp().cumsum(-1)
     total_B_1 = cdf_B_V[:, -1:]
-    if not bool(torch.isfinite(total_B_1).all()):
-        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     u_B_1 = torch.rand(total_B_1.shape, device=total_B_1.device, dtype=total_B_1.dtype) * total_B_1
     u_B_1 = torch.minimum(u_B_1, torch.nextafter(total_B_1, torch.zeros_like(total_B_1)))
-    return torch.searchsorted(cdf_B_V, u_B_1, right=True)[:, 0]
+    return torch.searchsorted(cdf_B_V, u_B_1, right=True)[:, 0].clamp(max=logp_B_V.shape[-1] - 1)
 
 
 def llama_engine(model) -> LlamaEngine | None:

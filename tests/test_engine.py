@@ -163,3 +163,16 @@ def test_sampling_leaves_the_weights_untouched():
     HFPolicy(model, tok).sample([[tok.bos_token_id]] * 2, max_new_tokens=5)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_diverged_weights_are_a_clear_error(policy):
+    from opct.errors import OpctError
+
+    tok = tiny_lm.make_tokenizer()
+    model = tiny_lm.make_model(tok, seed=5)
+    with torch.no_grad():
+        model.lm_head.weight[3, 0] = float("nan")
+    broken = HFPolicy(model, tok)
+    assert llama_engine(model) is not None
+    with pytest.raises(OpctError, match="not finite"):
+        broken.sample([policy.render(tiny_lm.clean_q("sky"))] * 2, max_new_tokens=4)
