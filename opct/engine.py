@@ -19,7 +19,8 @@ It computes what the model computes, up to float rounding: the layers' own rotar
 are called, RMSNorm is `F.rms_norm` with the layer's weight and epsilon (the module itself outside float32); the
 attention is softmax(q k^T * scale) v over the unpadded keys. Models it does not recognise exactly (another
 architecture, a rope type whose frequencies depend on the sequence length, DoRA or other LoRA variants, a quantised
-base layer, registered forward hooks) give None from `llama_engine`, and the caller falls back to `generate`.
+base layer, registered forward hooks, linear weights past `MAX_COPY_BYTES`) give None from `llama_engine`, and the
+caller falls back to `generate`.
 
 Batch layout: prompts are left-padded to width P; position ids count each row's real tokens from 0 (as `pack` and
 generate do); token t of the response sits at cache column P + t.
@@ -35,6 +36,10 @@ import torch.nn.functional as F
 
 # rope types whose cos/sin depend only on the position (not on the current sequence length)
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+# The engine saves per-token Python overhead, which is what bounds small models; its fused (and LoRA-merged) weights
+# are copies of up to all linear weights. Past this many bytes of them a model is compute-bound anyway, and sampling
+# stays with generate(), which makes no copy.
+MAX_COPY_BYTES = 1 << 30
 
 
 class Unsupported(Exception):
@@ -134,6 +139,10 @@ class LlamaEngine:
         rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
         if rope not in _STATIC_ROPE:
             raise Unsupported(f"rope type {rope!r}")
+        linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in lm.modules()
+                           if isinstance(m, torch.nn.Linear))
+        if linear_bytes > MAX_COPY_BYTES:
+            raise Unsupported(f"{linear_bytes} bytes of linear weights")
         inner = lm.model
         if type(inner.embed_tokens) is not torch.nn.Embedding:
             raise Unsupported("embedding layer")

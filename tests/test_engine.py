@@ -52,6 +52,16 @@ def test_llama_models_take_the_engine_and_other_architectures_do_not(policy):
     assert llama_engine(GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=1, n_head=4))) is None
 
 
+def test_models_past_the_copy_budget_fall_back_to_generate(policy, monkeypatch):
+    import opct.engine
+
+    monkeypatch.setattr(opct.engine, "MAX_COPY_BYTES", 1000)
+    assert llama_engine(policy.model) is None
+    torch.manual_seed(0)
+    smp = policy.sample([policy.render(tiny_lm.clean_q("sky"))], max_new_tokens=12)
+    assert smp.response_ids[0][-1] in policy.eos_ids
+
+
 def test_a_model_with_forward_hooks_falls_back_to_generate(policy):
     """Hooks (activation recording, steering) only run inside the model's own forward, so the engine must not skip
     them."""
