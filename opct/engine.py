@@ -139,6 +139,8 @@ class LlamaEngine:
         rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
         if rope not in _STATIC_ROPE:
             raise Unsupported(f"rope type {rope!r}")
+        if len({p.device for p in lm.parameters()}) != 1 or lm.device.type == "meta":
+            raise Unsupported("weights spread over devices or offloaded")  # device_map="auto" and the like
         linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in lm.modules()
                            if isinstance(m, torch.nn.Linear))
         if linear_bytes > MAX_COPY_BYTES:
