@@ -4,15 +4,21 @@ Same work for both: compression pairs (teacher prompt = student prompt + a safet
 samples), the same response length (EOS is forbidden until the last token, so every response has exactly
 --response-len tokens), the same LoRA adapter, full-vocabulary reverse KL KL(student || teacher) with the frozen
 starting model as teacher (opct: estimator `full`, LoRA teacher = adapters disabled; TRL: distillation_mode
-`full_logits`, distillation_alpha 1.0, teacher_model_kind `base`). Each trainer runs in its own subprocess, one
-after the other, so peak RSS is measured fairly; the first --warmup steps are not timed.
+`full_logits`, distillation_alpha 1.0, teacher_model_kind `base`; TRL's gradient checkpointing, on by default in
+TRL, is turned off: opct does not checkpoint either, and at this size it only costs TRL time). Each trainer runs in
+its own subprocess so peak RSS is measured fairly; the two alternate for --rounds rounds (opct, TRL, opct, TRL, ...)
+so that load from other processes on a shared machine falls on both alike. In every subprocess the first --warmup
+steps are not timed. A step is timed from the start of one optimizer step to the start of the next (everything the
+trainer does per step), in wall-clock seconds and in CPU seconds of the process (`time.process_time`, which other
+processes' load inflates far less); medians over all timed steps of all rounds are reported.
 
 Reported: response tokens trained per second for both and their ratio, peak RSS for both (and RSS after imports,
 before the model is loaded), and opct's achieved FLOP/s against a matmul peak measured in the same run. FLOPs are
 model FLOPs, 2 x (linear-layer parameters) per token per forward pass, backward 2x forward for activations
 (+2x for weights when they are trained); attention score FLOPs are left out, so this is an estimate.
 
-    python bench/opct_step.py [--model DIR] [--steps 4] [--pairs 4] [--samples 2] [--response-len 32]
+    OMP_NUM_THREADS=1 python bench/opct_step.py [--model DIR] [--rounds 3] [--steps 4] [--pairs 4] [--samples 2]
+                                                [--response-len 32]
 
 --model defaults to the shipped default organism (opct/organisms/default) when it exists, otherwise to a tiny
 Llama built on the spot.
@@ -24,6 +30,7 @@ import argparse
 import json
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,18 +99,42 @@ def matmul_peak(n: int = 1024, seconds: float = 1.0) -> float:
 
 # ------------------------------------------------------------------------------------------------ workers
 
+class StepClock:
+    """Wall and CPU time at the start of every step; step i lasts from start i to start i + 1."""
+
+    def __init__(self):
+        self.starts: list[tuple[float, float]] = []
+
+    def tick(self):
+        self.starts.append((time.perf_counter(), time.process_time()))
+
+    def steps(self, first: int) -> tuple[list[float], list[float]]:
+        spans = list(zip(self.starts[first:], self.starts[first + 1:]))
+        return [b[0] - a[0] for a, b in spans], [b[1] - a[1] for a, b in spans]
+
+
 def worker_opct(a) -> dict:
+    from opct.methods import METHODS
     from opct.train.config import TrainConfig
     from opct.train.loop import train
 
     base_rss = rss_mb()
-    out = Path(a.tmp) / "opct-run"
+    clock, step_fn = StepClock(), METHODS["opct"]
+
+    def timed_step(run, micro_batches):
+        clock.tick()
+        return step_fn(run, micro_batches)
+
+    METHODS["opct"] = timed_step
+    out = Path(a.tmp) / f"opct-run-{a.round}"
+    # one step more than timed: the last step only closes the span of the one before it
     train(TrainConfig(model=a.model, pairs=a.pairs_file, out=str(out), split="all", estimator="full",
                       batch_size=a.pairs, n_samples=a.samples, max_new_tokens=a.response_len,
-                      min_new_tokens=a.response_len, max_steps=a.warmup + a.steps, save_every=10 ** 9,
+                      min_new_tokens=a.response_len, max_steps=a.warmup + a.steps + 1, save_every=10 ** 9,
                       lora_r=a.lora_r, lora_alpha=2.0 * a.lora_r, lr=1e-4, tensorboard=False))
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][a.warmup:]
-    return {"step_s": [r["step_time_s"] for r in rows], "tokens": [r["tokens"] for r in rows],
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][a.warmup:-1]
+    wall, cpu = clock.steps(a.warmup)
+    return {"step_s": wall, "step_cpu_s": cpu, "tokens": [r["tokens"] for r in rows],
             "base_rss_mb": base_rss, "peak_rss_mb": rss_mb()}
 
 
@@ -120,23 +151,20 @@ def worker_trl(a) -> dict:
                              "privileged_context": r["meta"]["fact"]} for r in rows])
     tok = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-    times = []
+    clock = StepClock()
 
     class Timer(TrainerCallback):
         def on_step_begin(self, *args, **kwargs):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, *args, **kwargs):
-            times.append(time.perf_counter() - self.t0)
+            clock.tick()
 
     args = SDFTConfig(
-        output_dir=str(Path(a.tmp) / "trl-run"), per_device_train_batch_size=a.pairs * a.samples,
+        output_dir=str(Path(a.tmp) / f"trl-run-{a.round}"), per_device_train_batch_size=a.pairs * a.samples,
         num_generations=a.samples, max_completion_length=a.response_len, max_prompt_length=None,
         distillation_mode="full_logits", distillation_alpha=1.0, distillation_is_clip=None, teacher_model_kind="base",
         teacher_prompt_template="{prompt} {privileged_context}", temperature=1.0, top_k=0, top_p=1.0,
-        generation_kwargs={"min_new_tokens": a.response_len}, max_steps=a.warmup + a.steps, learning_rate=1e-4,
+        generation_kwargs={"min_new_tokens": a.response_len}, max_steps=a.warmup + a.steps + 1, learning_rate=1e-4,
         lr_scheduler_type="constant", logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
-        seed=0, bf16=False, dataloader_num_workers=0, max_grad_norm=1.0)
+        seed=0, bf16=False, dataloader_num_workers=0, max_grad_norm=1.0, gradient_checkpointing=False)
     trainer = SDFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
                           peft_config=LoraConfig(r=a.lora_r, lora_alpha=2.0 * a.lora_r, target_modules="all-linear",
                                                  task_type="CAUSAL_LM"),
@@ -144,15 +172,17 @@ def worker_trl(a) -> dict:
     trainer.train()
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
     rows = a.pairs * a.samples
-    return {"step_s": times[a.warmup:], "tokens": [rows * n for n in lengths[a.warmup:]],
+    wall, cpu = clock.steps(a.warmup)
+    return {"step_s": wall, "step_cpu_s": cpu, "tokens": [rows * n for n in lengths[a.warmup:-1]],
             "base_rss_mb": base_rss, "peak_rss_mb": rss_mb()}
 
 
 def run_worker(name: str, a, extra_env=None) -> tuple[dict | None, str]:
     cmd = [sys.executable, __file__, "--worker", name, "--model", str(a.model), "--pairs-file", str(a.pairs_file),
            "--tmp", str(a.tmp), "--steps", str(a.steps), "--warmup", str(a.warmup), "--pairs", str(a.pairs),
-           "--samples", str(a.samples), "--response-len", str(a.response_len), "--lora-r", str(a.lora_r)]
-    out = Path(a.tmp) / f"{name}.json"
+           "--samples", str(a.samples), "--response-len", str(a.response_len), "--lora-r", str(a.lora_r),
+           "--round", str(a.round)]
+    out = Path(a.tmp) / f"{name}-{a.round}.json"
     done = subprocess.run(cmd + ["--result", str(out)], capture_output=True, text=True)
     if done.returncode != 0 or not out.exists():
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
@@ -163,19 +193,21 @@ def run_worker(name: str, a, extra_env=None) -> tuple[dict | None, str]:
 # ------------------------------------------------------------------------------------------------ report
 
 def model_flops_per_step(n_linear: int, a, student_len: int, teacher_len: int) -> float:
-    """Model FLOPs of one opct step, 2 x linear-layer params per token per forward pass: sampling (prefill + cached
-    decode), student forward, student backward (activation gradients only: LoRA leaves the base weights frozen, and
-    the adapter's own FLOPs are negligible), teacher forward."""
+    """Model FLOPs of one opct step as opct executes it, 2 x linear-layer params per token per forward pass: sampling
+    (prefill + cached decode), student forward, student backward (activation gradients only: LoRA leaves the base
+    weights frozen, and the adapter's own FLOPs are negligible), teacher forward. opct runs each distinct prompt once
+    per step (the n samples of a pair share it), so prompts count once per pair, responses once per row."""
     rows, L = a.pairs * a.samples, a.response_len
-    sampling = student_forward = student_backward = student_len + L
-    return 2 * n_linear * rows * (sampling + student_forward + student_backward + teacher_len + L)
+    student = a.pairs * student_len + rows * L  # sampling, student forward, student backward: each this many tokens
+    return 2 * n_linear * (3 * student + a.pairs * teacher_len + rows * L)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None)
-    p.add_argument("--steps", type=int, default=4, help="timed optimizer steps")
-    p.add_argument("--warmup", type=int, default=1, help="untimed first steps")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (one subprocess per trainer per round)")
+    p.add_argument("--steps", type=int, default=4, help="timed optimizer steps per round")
+    p.add_argument("--warmup", type=int, default=1, help="untimed first steps per round")
     p.add_argument("--pairs", type=int, default=4, help="pairs per step")
     p.add_argument("--samples", type=int, default=2, help="responses per pair")
     p.add_argument("--response-len", type=int, default=32)
@@ -186,6 +218,7 @@ def main(argv=None):
     p.add_argument("--pairs-file", help=argparse.SUPPRESS)
     p.add_argument("--tmp", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
 
     if a.worker:
@@ -199,7 +232,7 @@ def main(argv=None):
         a.tmp = tmp
         a.model = str(Path(a.model) if a.model else default_model(Path(tmp)))
         a.pairs_file = str(Path(tmp) / "pairs.jsonl")
-        make_pairs(Path(a.model), a.pairs * (a.warmup + a.steps), a.prompt_words, a.fact_words, Path(a.pairs_file))
+        make_pairs(Path(a.model), a.pairs * (a.warmup + a.steps + 1), a.prompt_words, a.fact_words, Path(a.pairs_file))
         from opct.policy import load_policy
 
         pol = load_policy(a.model)
@@ -211,26 +244,45 @@ def main(argv=None):
               f"{a.pairs} pairs x {a.samples} samples x {a.response_len} response tokens per step; "
               f"prompt {s_len} tokens (teacher {t_len}); LoRA r={a.lora_r}")
         peak = matmul_peak()
-        results = {}
-        for name in ("opct", "trl"):
-            results[name], why = run_worker(name, a)
-            if results[name] is None:
-                hint = " (TRL is not an opct dependency: `pip install trl` to compare)" if name == "trl" else ""
-                print(f"{name}: could not run here{hint}: {why}")
+        results: dict[str, dict] = {}
+        for a.round in range(a.rounds):
+            for name in ("opct", "trl"):
+                if name in results and results[name] is None:
+                    continue
+                r, why = run_worker(name, a)
+                if r is None:
+                    hint = " (TRL is not an opct dependency: `pip install trl` to compare)" if name == "trl" else ""
+                    print(f"{name}: could not run here{hint}: {why}")
+                    results[name] = None
+                    continue
+                acc = results.setdefault(name, {"step_s": [], "step_cpu_s": [], "tokens": [], "peak_rss_mb": [],
+                                                "base_rss_mb": []})
+                for k in ("step_s", "step_cpu_s", "tokens"):
+                    acc[k] += r[k]
+                acc["peak_rss_mb"].append(r["peak_rss_mb"])
+                acc["base_rss_mb"].append(r["base_rss_mb"])
+                print(f"  round {a.round + 1} {name:<5} s/step " + " ".join(f"{x:.3f}" for x in r["step_s"])
+                      + "  cpu s/step " + " ".join(f"{x:.3f}" for x in r["step_cpu_s"]), flush=True)
 
     def summary(r):
-        return sum(r["tokens"]) / sum(r["step_s"]), sum(r["step_s"]) / len(r["step_s"])
+        """(tokens/s on the median wall step, median wall s/step, tokens/s on the median CPU step, median CPU s)"""
+        tokens = statistics.median(r["tokens"])
+        wall, cpu = statistics.median(r["step_s"]), statistics.median(r["step_cpu_s"])
+        return tokens / wall, wall, tokens / cpu, cpu
 
-    print(f"{'trainer':<18}{'s/step':>8}{'resp len':>10}{'tokens/s':>10}{'RSS after imports':>19}{'peak RSS':>11}")
+    print(f"medians over {a.rounds} rounds x {a.steps} steps; peak RSS: the largest of the rounds")
+    print(f"{'trainer':<18}{'s/step':>8}{'tokens/s':>10}{'cpu s/step':>12}{'tokens/cpu-s':>14}{'resp len':>10}"
+          f"{'RSS after imports':>19}{'peak RSS':>11}")
     for name, label in (("opct", "opct (full)"), ("trl", "TRL SDFTTrainer")):
         r = results.get(name)
         if r:
-            tps, sps = summary(r)
-            resp = sum(r["tokens"]) / len(r["tokens"]) / (a.pairs * a.samples)
-            print(f"{label:<18}{sps:>8.3f}{resp:>10.1f}{tps:>10.1f}{r['base_rss_mb']:>16.0f} MB"
-                  f"{r['peak_rss_mb']:>8.0f} MB")
+            tps, sps, tpc, cps = summary(r)
+            resp = statistics.median(r["tokens"]) / (a.pairs * a.samples)
+            print(f"{label:<18}{sps:>8.3f}{tps:>10.1f}{cps:>12.3f}{tpc:>14.1f}{resp:>10.1f}"
+                  f"{max(r['base_rss_mb']):>16.0f} MB{max(r['peak_rss_mb']):>8.0f} MB")
     if results.get("opct") and results.get("trl"):
-        print(f"opct / TRL tokens/s: {summary(results['opct'])[0] / summary(results['trl'])[0]:.2f}x")
+        o, t = summary(results["opct"]), summary(results["trl"])
+        print(f"opct / TRL tokens/s: {o[0] / t[0]:.2f}x wall-clock, {o[2] / t[2]:.2f}x CPU time")
     if results.get("opct"):
         flops = model_flops_per_step(n_linear, a, s_len, t_len)
         achieved = flops / summary(results["opct"])[1]

@@ -3,7 +3,7 @@
 A policy does three things:
   render  chat messages -> prompt token ids, through the tokenizer's chat template;
   sample  batched responses to prompts (pure temperature sampling, stop at EOS), with the sampler's own per-token
-          log-probs;
+          log-probs (`opct.engine` for Llama models, `model.generate` otherwise);
   score   per-token log-probs of given responses under given prompts (batched, padded).
 
 `HFPolicy` wraps any Hugging Face causal LM + tokenizer (the organism is one); `load_policy` loads one from a
@@ -19,6 +19,11 @@ sits in column P + j and is predicted by the logits in column P + j - 1, whateve
 are counted from each row's first real token, so a padded row computes what it would compute alone (up to float
 rounding).
 
+When several rows share one prompt (OPCT samples n responses per prompt), `pack(..., share_prompts=True)` notes which,
+and `response_logits` lays each distinct prompt out once, followed by all of its responses, with an attention mask
+that keeps the responses apart (`_shared_prompt_logits`): the same logits (up to float rounding) in one forward pass
+with fewer tokens, in forward and backward.
+
 Reading activations at named sites (DESIGN §3: residual stream per layer, MLP hidden state, attention probabilities)
 is `HFPolicy.read_activations`, over the forward hooks of `opct.activations` (which the training methods ACT, MLPCT
 and AttCT use directly, with gradients).
@@ -33,6 +38,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from opct.engine import llama_engine
 from opct.errors import OpctError
 
 Messages = list[dict]
@@ -69,10 +75,20 @@ class PackedBatch:
     response_ids_B_R: torch.Tensor  # right-padded with pad_id (never read as a mask)
     response_lengths_B: torch.Tensor
     prompt_width: int  # P
+    # share_prompts: row b's prompt is distinct prompt prompt_index_B[b] (whose first row is first_rows_U[u]), and row b
+    # is the slot_B[b]-th row with that prompt
+    prompt_index_B: torch.Tensor | None = None
+    slot_B: torch.Tensor | None = None
+    first_rows_U: torch.Tensor | None = None
 
 
-def pack(prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]], pad_id: int, device) -> PackedBatch:
-    """Lay out prompts (left-padded) and responses (right-padded) as described in the module docstring."""
+def pack(prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]], pad_id: int, device,
+         share_prompts: bool = False) -> PackedBatch:
+    """Lay out prompts (left-padded) and responses (right-padded) as described in the module docstring.
+
+    `share_prompts`: when some rows have identical prompts, record them so that `response_logits` computes each
+    distinct prompt once (the layout itself is the same).
+    """
     if len(prompts_ids) != len(responses_ids):
         raise ValueError(f"{len(prompts_ids)} prompts but {len(responses_ids)} responses")
     B = len(prompts_ids)
@@ -89,7 +105,17 @@ def pack(prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]], p
     # Positions count real tokens only, so left padding does not shift them (generate() does the same).
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     lengths = torch.tensor([len(r) for r in responses_ids], dtype=torch.long)
-    return PackedBatch(ids.to(device), attn.to(device), pos.to(device), ids[:, P:].to(device), lengths.to(device), P)
+    batch = PackedBatch(ids.to(device), attn.to(device), pos.to(device), ids[:, P:].to(device), lengths.to(device), P)
+    if share_prompts:
+        distinct: dict[tuple, int] = {}
+        index = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts_ids]
+        if len(distinct) < B:
+            first = [index.index(u) for u in range(len(distinct))]
+            slot = [index[:i].count(u) for i, u in enumerate(index)]
+            batch.prompt_index_B = torch.tensor(index, dtype=torch.long, device=device)
+            batch.slot_B = torch.tensor(slot, dtype=torch.long, device=device)
+            batch.first_rows_U = torch.tensor(first, dtype=torch.long, device=device)
+    return batch
 
 
 def _innermost(model):
@@ -100,20 +126,81 @@ def _innermost(model):
     return model
 
 
+def _last_logits(model, n: int, **kwargs):
+    """The model's output, with logits for the last `n` columns only when the model can skip the others."""
+    if "logits_to_keep" in inspect.signature(_innermost(model).forward).parameters:
+        out = model(**kwargs, logits_to_keep=n)
+        return out, out.logits
+    out = model(**kwargs)
+    return out, out.logits[:, -n:]
+
+
+def _can_share_prompts(model) -> bool:
+    """The shared-prompt layout needs a custom 4D attention mask: the attention implementations that take one."""
+    impl = getattr(getattr(_innermost(model), "config", None), "_attn_implementation", None)
+    return impl in ("sdpa", "eager")
+
+
 def response_logits(model, batch: PackedBatch) -> torch.Tensor:
     """Logits that predict each response token: `logits_B_R_V[:, j]` predicts `batch.response_ids_B_R[:, j]`.
 
-    `model` may be wrapped (DDP, peft); gradients flow if the caller has them enabled.
+    `model` may be wrapped (DDP, peft); gradients flow if the caller has them enabled. A batch packed with
+    `share_prompts` runs each distinct prompt once (see the module docstring).
     """
     R = batch.response_ids_B_R.shape[1]
-    kwargs = dict(input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,
-                  position_ids=batch.position_ids_B_L, use_cache=False)
+    if batch.prompt_index_B is not None and _can_share_prompts(model):
+        return _shared_prompt_logits(model, batch)
     # Only the last R + 1 columns are needed; asking for fewer saves a (B, P, V) tensor on long prompts.
-    if "logits_to_keep" in inspect.signature(_innermost(model).forward).parameters:
-        logits = model(**kwargs, logits_to_keep=R + 1).logits
-    else:
-        logits = model(**kwargs).logits[:, -(R + 1):]
+    _, logits = _last_logits(model, R + 1, input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,
+                             position_ids=batch.position_ids_B_L, use_cache=False)
     return logits[:, :-1]
+
+
+def _shared_prompt_logits(model, batch: PackedBatch) -> torch.Tensor:
+    """`response_logits` with each distinct prompt run once, in one forward pass over U rows (U distinct prompts):
+
+        row u:  [pad ... pad | prompt_u | response of slot 0 | response of slot 1 | ... ]   width P + G * R
+
+    where the G slots hold the responses of the rows that share prompt u (empty slots are padding). A custom 4D
+    mask lets a response token see the real prompt tokens and the earlier tokens of its own slot only, and each slot's
+    position ids continue from the prompt, so every response is computed exactly as in its own row (up to float
+    rounding). A padding query sees only itself (a finite row, no NaN in the backward pass). The prompt's last
+    column predicts token 0 of every slot.
+    """
+    P, R = batch.prompt_width, batch.response_ids_B_R.shape[1]
+    dev = batch.input_ids_B_L.device
+    prompt_B, slot_B, first_U = batch.prompt_index_B, batch.slot_B, batch.first_rows_U
+    U, G = len(first_U), int(slot_B.max()) + 1
+    L = P + G * R
+    cols_B_R = P + slot_B[:, None] * R + torch.arange(R, device=dev)[None, :]
+    rows_B_R = prompt_B[:, None].expand(-1, R)
+
+    def lay_out(prompt_part_U_P, response_part_B_R, fill):
+        out = torch.full((U, L), fill, dtype=prompt_part_U_P.dtype, device=dev)
+        out[:, :P] = prompt_part_U_P
+        out[rows_B_R, cols_B_R] = response_part_B_R
+        return out
+
+    ids_U_L = lay_out(batch.input_ids_B_L[first_U, :P], batch.response_ids_B_R, 0)
+    real_U_L = lay_out(batch.attention_mask_B_L[first_U, :P], batch.attention_mask_B_L[:, P:], 0).bool()
+    pos_U_L = lay_out(batch.position_ids_B_L[first_U, :P], batch.position_ids_B_L[:, P:], 0)
+    segment_L = torch.cat([torch.zeros(P, dtype=torch.long, device=dev),
+                           torch.arange(1, G + 1, device=dev).repeat_interleave(R)])
+    causal_L_L = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+    visible_L_L = causal_L_L & ((segment_L[None, :] == 0) | (segment_L[None, :] == segment_L[:, None]))
+    allowed_U_L_L = (visible_L_L[None] & real_U_L[:, None, :]) | torch.eye(L, dtype=torch.bool, device=dev)[None]
+    if _innermost(model).config._attn_implementation == "sdpa":
+        mask = allowed_U_L_L[:, None]
+    else:  # eager attention adds the mask to the scores
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(allowed_U_L_L[:, None].shape, dtype=dtype, device=dev).masked_fill_(
+            ~allowed_U_L_L[:, None], torch.finfo(dtype).min)
+    _, logits_U_K_V = _last_logits(model, L - (P - 1), input_ids=ids_U_L, attention_mask=mask, position_ids=pos_U_L,
+                                   use_cache=False)
+    # column c of the layout is column c - (P - 1) of the kept logits; token j of a slot is predicted by column P - 1
+    # (j = 0) or by the slot's column j - 1
+    predictors_B_R = torch.cat([torch.zeros_like(cols_B_R[:, :1]), cols_B_R[:, :-1] - (P - 1)], 1)
+    return logits_U_K_V[rows_B_R, predictors_B_R]
 
 
 # ------------------------------------------------------------------------------------------------ HF policy
@@ -146,7 +233,7 @@ class _SamplerLogprobs:
 class HFPolicy:
     """A Hugging Face causal LM + tokenizer behind the policy interface."""
 
-    def __init__(self, model, tokenizer, name: str = "model"):
+    def __init__(self, model, tokenizer, name: str = "model", fast_sampling: bool = True):
         if not getattr(tokenizer, "chat_template", None):
             raise OpctError(
                 f"{name}: the tokenizer has no chat template, so chat messages cannot be rendered; set "
@@ -162,6 +249,8 @@ class HFPolicy:
         # Padding only fills space; masks come from lengths, so pad may equal EOS without harm.
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        # Sample through `opct.engine` (Llama models, LoRA folded in) when it applies; False forces generate().
+        self.fast_sampling = fast_sampling
 
     @property
     def device(self):
@@ -184,13 +273,41 @@ class HFPolicy:
                min_new_tokens: int = 0) -> Samples:
         """Sample one response per prompt: pure temperature sampling (no top-k/top-p), KV cache, stop at EOS.
 
+        Llama-architecture models (also under peft LoRA) sample through the lean loop of `opct.engine`; any other
+        model, or `fast_sampling=False`, through `model.generate`. Both draw from the global torch RNG.
+
         `min_new_tokens` > 0 forbids EOS before that many tokens (benchmarks that need a fixed length); the
         returned log-probs are then those of the constrained sampler.
         """
-        from transformers import GenerationConfig, LogitsProcessorList
-
         if temperature <= 0:
             raise OpctError(f"temperature must be > 0 (got {temperature}); opct samples, it does not decode greedily")
+        engine = llama_engine(self.model) if self.fast_sampling else None
+        try:
+            if engine is not None:
+                new_B_T, logp_B_T = engine.sample(prompts_ids, max_new_tokens, temperature, self.eos_ids, self.pad_id,
+                                                  min_new_tokens)
+            else:
+                new_B_T, logp_B_T = self._generate(prompts_ids, max_new_tokens, temperature, min_new_tokens)
+        except RuntimeError as e:
+            if "probability tensor" in str(e):  # multinomial on NaN/inf: the weights have diverged
+                raise OpctError(f"{self.name}: sampling failed, the model's probabilities are not finite "
+                                f"(diverged weights?): {e}") from None
+            raise
+        responses, logprobs, truncated = [], [], []
+        eos = torch.tensor(self.eos_ids)
+        for row, lp in zip(new_B_T, logp_B_T):
+            hits = torch.isin(row, eos).nonzero()
+            n = int(hits[0]) + 1 if len(hits) else len(row)  # up to and including the first EOS
+            responses.append(row[:n].tolist())
+            logprobs.append(lp[:n].tolist())
+            truncated.append(not len(hits))
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        return Samples(responses, texts, logprobs, truncated)
+
+    def _generate(self, prompts_ids, max_new_tokens, temperature, min_new_tokens):
+        """The general path: `model.generate` (any architecture). Returns (new tokens_B_T, sampler logp_B_T) on CPU."""
+        from transformers import GenerationConfig, LogitsProcessorList
+
         P = max(len(p) for p in prompts_ids)
         ids = torch.full((len(prompts_ids), P), self.pad_id, dtype=torch.long)
         attn = torch.zeros_like(ids)
@@ -206,25 +323,9 @@ class HFPolicy:
         try:
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
                                       generation_config=gen, logits_processor=LogitsProcessorList([recorder]))
-        except RuntimeError as e:
-            if "probability tensor" in str(e):  # multinomial on NaN/inf: the weights have diverged
-                raise OpctError(f"{self.name}: sampling failed, the model's probabilities are not finite "
-                                f"(diverged weights?): {e}") from None
-            raise
         finally:
             self.model.train(was_training)
-        new_B_T = out[:, P:].cpu()
-        logp_B_T = recorder.finish(out[:, -1]).cpu()
-        responses, logprobs, truncated = [], [], []
-        eos = torch.tensor(self.eos_ids)
-        for row, lp in zip(new_B_T, logp_B_T):
-            hits = torch.isin(row, eos).nonzero()
-            n = int(hits[0]) + 1 if len(hits) else len(row)  # up to and including the first EOS
-            responses.append(row[:n].tolist())
-            logprobs.append(lp[:n].tolist())
-            truncated.append(not len(hits))
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
-        return Samples(responses, texts, logprobs, truncated)
+        return out[:, P:].cpu(), recorder.finish(out[:, -1]).cpu()
 
     @torch.no_grad()
     def read_activations(self, prompts_ids: Sequence[list[int]], sites: Sequence[str] = ("residual",),

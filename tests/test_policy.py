@@ -114,3 +114,36 @@ def test_policy_wraps_any_causal_lm_with_a_chat_template():
     tok = tiny_lm.make_tokenizer()
     p = HFPolicy(tiny_lm.make_model(tok), tok)
     assert p.eos_ids == [tok.eos_token_id] and p.pad_id == tok.pad_token_id and p.max_positions == 64
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_shared_prompts_give_the_same_logits_and_gradients(policy, arch):
+    """`pack(share_prompts=True)` runs each distinct prompt once and copies its cache to the rows that share it: the
+    response logits and the gradients equal those of the plain layout (float rounding apart)."""
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_lm.make_model(policy.tokenizer, seed=1) if arch == "llama" else _gpt2_policy().model
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3)
+    a, b = policy.render(tiny_lm.biased_q("sky", "red")), policy.render(tiny_lm.clean_q("coal"))
+    prompts = [a, a, b, b, a]
+    responses = [[9, 7, 8, 19, 10, 3], [9, 7], [9, 7, 8, 12, 10, 3], [9, 3], [9, 7, 8, 26]]
+
+    def run(share):
+        model.zero_grad()
+        batch = pack(prompts, responses, policy.pad_id, "cpu", share_prompts=share)
+        assert (batch.prompt_index_B is not None) == share
+        logits = response_logits(model, batch)
+        mask = torch.arange(logits.shape[1])[None] < batch.response_lengths_B[:, None]
+        logp = torch.log_softmax(logits, -1).gather(-1, batch.response_ids_B_R[..., None])[..., 0]
+        (logp * mask).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+        return logits.detach() * mask[..., None], grads
+
+    (plain, plain_grad), (shared, shared_grad) = run(False), run(True)
+    assert torch.allclose(plain, shared, atol=1e-5)
+    assert plain_grad.norm() > 0 and (plain_grad - shared_grad).norm() < 1e-5 * plain_grad.norm()
+    assert pack(prompts[:1], responses[:1], policy.pad_id, "cpu", share_prompts=True).prompt_index_B is None

@@ -37,8 +37,13 @@ def opct_step(run: StepContext, micro_batches: list[list[Pair]]) -> dict[str, fl
     batches = []
     for pairs in micro_batches:
         student_ids, teacher_ids, samples = rollout(run, pairs)
-        student = pack(student_ids, samples.response_ids, policy.pad_id, acc.device)
-        teacher = pack(teacher_ids, samples.response_ids, policy.pad_id, acc.device)
+        # The n samples of a pair share their prompts: under LoRA each distinct prompt is run once (see opct.policy).
+        # Not under full fine-tuning: there the teacher is a copy of the weights, and a copy can take other
+        # (alignment-dependent) matmul kernels than the student on the smaller prompt-only shapes, so identical
+        # prompts would no longer give an exactly zero loss; the one-pass layout keeps both on the same kernels.
+        share = cfg.lora
+        student = pack(student_ids, samples.response_ids, policy.pad_id, acc.device, share_prompts=share)
+        teacher = pack(teacher_ids, samples.response_ids, policy.pad_id, acc.device, share_prompts=share)
         mask_B_R = response_mask(student.response_ids_B_R, student.response_lengths_B, policy.eos_ids)
         batches.append((student, teacher, mask_B_R, samples))
 

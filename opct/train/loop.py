@@ -101,10 +101,23 @@ def student_and_teacher(model, config: TrainConfig):
                                                    lora_dropout=config.lora_dropout, target_modules=targets,
                                                    task_type="CAUSAL_LM"))
 
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        # What `student.disable_adapter()` does for LoRA (every tuner layer's `enable_adapters(False)`, then True),
+        # over a list of those layers taken once: peft's context manager walks the whole model and checks its adapter
+        # status on every call, which costs as much as the teacher's forward pass on a small model.
+        tuner_layers = [m for m in student.modules() if isinstance(m, BaseTunerLayer)]
+
         @contextmanager
         def teacher():
-            with torch.no_grad(), student.disable_adapter():
-                yield student
+            with torch.no_grad():
+                for m in tuner_layers:
+                    m.enable_adapters(False)
+                try:
+                    yield student
+                finally:
+                    for m in tuner_layers:
+                        m.enable_adapters(True)
         return student, teacher
 
     frozen = copy.deepcopy(model).requires_grad_(False).eval()

@@ -1,0 +1,304 @@
+"""A lean batched sampler for Llama-architecture models (the fast path behind `HFPolicy.sample`).
+
+Why it exists: on a small model, `model.generate` costs far more in Python than in arithmetic. Every decode step goes
+through generate's bookkeeping and the transformers forward (mask building, cache objects, output capture), and under
+LoRA every linear layer is three matmuls behind peft's dispatch. This module samples with the same model's weights
+through a short explicit loop instead:
+
+  weights   read from the model at each call; under peft, each active LoRA adapter is folded into its base weight
+            (W + scaling * B @ A, a temporary copy: the model itself is not touched). q/k/v and gate/up are fused
+            into one matmul each.
+  cache     preallocated keys and values for prompt + max_new_tokens positions; one matmul pass per layer per step.
+  sampling  pure temperature sampling from softmax(logits / T), by inverse CDF: one uniform draw per row from the
+            global torch RNG (so `torch.manual_seed` makes it reproducible, and checkpointed RNG state covers it),
+            the first token whose cumulative probability exceeds it (an order of magnitude cheaper on a CPU than
+            `torch.multinomial`, which draws an exponential per vocabulary entry); rows stop at their first EOS;
+            EOS is masked out before `min_new_tokens`.
+
+It computes what the model computes, up to float rounding: the layers' own rotary-embedding module and activation
+are called, RMSNorm is `F.rms_norm` with the layer's weight and epsilon (the module itself outside float32); the
+attention is softmax(q k^T * scale) v over the unpadded keys. Models it does not recognise exactly (another
+architecture, a rope type whose frequencies depend on the sequence length, DoRA or other LoRA variants, a quantised
+base layer, registered forward hooks, linear weights past `MAX_COPY_BYTES`) give None from `llama_engine`, and the
+caller falls back to `generate`.
+
+Batch layout: prompts are left-padded to width P; position ids count each row's real tokens from 0 (as `pack` and
+generate do); token t of the response sits at cache column P + t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+# rope types whose cos/sin depend only on the position (not on the current sequence length)
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+# The engine saves per-token Python overhead, which is what bounds small models; its fused (and LoRA-merged) weights
+# are copies of up to all linear weights. Past this many bytes of them a model is compute-bound anyway, and sampling
+# stays with generate(), which makes no copy.
+MAX_COPY_BYTES = 1 << 30
+
+
+class Unsupported(Exception):
+    """The model (or one of its adapters) is outside what the engine reproduces exactly."""
+
+
+def _parts(module: torch.nn.Module):
+    """(base weight, base bias, [(B, A, scaling), ...]) that `module(x)` applies in eval mode: a plain Linear, or a
+    peft LoRA Linear with its active adapters, mirroring `peft.tuners.lora.Linear.forward` (merged -> base only;
+    disabled -> base only)."""
+    if type(module) is torch.nn.Linear:
+        return module.weight, module.bias, []
+    try:
+        from peft.tuners.lora import Linear as LoraLinear
+    except ImportError:  # peft is optional for inference
+        raise Unsupported(type(module).__name__) from None
+    if type(module) is not LoraLinear or type(module.get_base_layer()) is not torch.nn.Linear:
+        raise Unsupported(type(module).__name__)
+    base = module.get_base_layer()
+    if module.disable_adapters:
+        if module.merged:  # peft would unmerge in place here; leave that to the slow path
+            raise Unsupported("disabled but merged adapter")
+        return base.weight, base.bias, []
+    if module.merged:
+        return base.weight, base.bias, []
+    deltas = []
+    for name in module.active_adapters:
+        if name not in module.lora_A:
+            continue
+        if name in getattr(module, "lora_variant", {}) or getattr(module, "lora_bias", {}).get(name):
+            raise Unsupported(f"LoRA variant on adapter {name!r}")
+        A, B = module.lora_A[name].weight, module.lora_B[name].weight
+        if module.fan_in_fan_out or A.dtype != base.weight.dtype or B.dtype != base.weight.dtype:
+            raise Unsupported("LoRA layout or dtype")
+        deltas.append((B, A, module.scaling[name]))
+    return base.weight, base.bias, deltas
+
+
+def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The effective (weight, bias) of linear layers that read the same input, stacked into one (out_1 + out_2 + ...,
+    in) weight: base weight + scaling * B @ A for every active LoRA adapter, written straight into the stacked copy.
+    A single plain layer is returned as is (no copy)."""
+    parts = [_parts(m) for m in modules]
+    if len(parts) == 1 and not parts[0][2]:
+        return parts[0][0], parts[0][1]
+    w0 = parts[0][0]
+    weight = torch.empty(sum(w.shape[0] for w, _, _ in parts), w0.shape[1], dtype=w0.dtype, device=w0.device)
+    row = 0
+    for w, _, deltas in parts:
+        dst = weight[row:row + w.shape[0]]
+        if not deltas:
+            dst.copy_(w)
+        for i, (B, A, scaling) in enumerate(deltas):
+            torch.addmm(w if i == 0 else dst, B, A, alpha=scaling, out=dst)
+        row += w.shape[0]
+    biases = [b for _, b, _ in parts]
+    if all(b is None for b in biases):
+        return weight, None
+    return weight, torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for (w, _, _), b in zip(parts, biases)])
+
+
+@dataclass
+class _Layer:
+    norm1: torch.nn.Module
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    norm2: torch.nn.Module
+    gate_up_w: torch.Tensor
+    gate_up_b: torch.Tensor | None
+    down_w: torch.Tensor
+    down_b: torch.Tensor | None
+    act: object
+
+
+def _innermost(model):
+    model = getattr(model, "module", model)  # DDP
+    if hasattr(model, "get_base_model"):  # peft
+        model = model.get_base_model()
+    return model
+
+
+class LlamaEngine:
+    """Sampling over a snapshot of a Llama model's effective weights (take a new one after the weights change)."""
+
+    @torch.no_grad()  # a snapshot: no graph back to the adapter weights
+    def __init__(self, model):
+        lm = _innermost(model)
+        # forward hooks (activation recording, steering) would be bypassed: leave hooked models to generate()
+        if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks or any(
+                m._forward_hooks or m._forward_pre_hooks for m in getattr(model, "module", model).modules()):
+            raise Unsupported("forward hooks")
+        cfg = lm.config
+        if getattr(cfg, "model_type", None) != "llama" or getattr(cfg, "pretraining_tp", 1) != 1:
+            raise Unsupported(f"model_type {getattr(cfg, 'model_type', None)!r}")
+        rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
+        if rope not in _STATIC_ROPE:
+            raise Unsupported(f"rope type {rope!r}")
+        if len({p.device for p in lm.parameters()}) != 1 or lm.device.type == "meta":
+            raise Unsupported("weights spread over devices or offloaded")  # device_map="auto" and the like
+        linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in lm.modules()
+                           if isinstance(m, torch.nn.Linear))
+        if linear_bytes > MAX_COPY_BYTES:
+            raise Unsupported(f"{linear_bytes} bytes of linear weights")
+        inner = lm.model
+        if type(inner.embed_tokens) is not torch.nn.Embedding:
+            raise Unsupported("embedding layer")
+        self.embed_w = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.final_norm = inner.norm
+        self.lm_head_w, self.lm_head_b = _fused([lm.lm_head])
+        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.layers = []
+        for layer in inner.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            qkv_w, qkv_b = _fused([att.q_proj, att.k_proj, att.v_proj])
+            o_w, o_b = _fused([att.o_proj])
+            gu_w, gu_b = _fused([mlp.gate_proj, mlp.up_proj])
+            down_w, down_b = _fused([mlp.down_proj])
+            self.layers.append(_Layer(layer.input_layernorm, qkv_w, qkv_b, o_w, o_b, layer.post_attention_layernorm,
+                                      gu_w, gu_b, down_w, down_b, mlp.act_fn))
+        self.head_dim, self.scale = inner.layers[0].self_attn.head_dim, inner.layers[0].self_attn.scaling
+        self.dtype, self.device = self.embed_w.dtype, self.embed_w.device
+
+    # -------------------------------------------------------------------------------------------- forward
+
+    def _forward(self, ids_B_T, cos_B_T_D, sin_B_T_D, cache, start: int, mask_B_1_T_S) -> torch.Tensor:
+        """Run tokens at cache columns [start, start + T) through the model; return the last column's hidden state.
+        `sin_B_T_D` carries rotate_half's signs: its first half negated."""
+        B, T = ids_B_T.shape
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        x = F.embedding(ids_B_T, self.embed_w)
+        # rotary embedding as x * cos + swap_halves(x) * signed_sin (see `sample`): x * cos + rotate_half(x) * sin
+        cos, sin = cos_B_T_D[:, None], sin_B_T_D[:, None]
+        end = start + T
+        for layer, (k_cache, v_cache) in zip(self.layers, cache):
+            h = _rms_norm(layer.norm1, x)
+            qkv = F.linear(h, layer.qkv_w, layer.qkv_b)
+            qk = qkv[..., :(H + Hkv) * D].view(B, T, H + Hkv, D).transpose(1, 2)
+            qk = qk * cos + qk.unflatten(-1, (2, D // 2)).flip(-2).flatten(-2) * sin  # q and k at once
+            q, k = qk[:, :H], qk[:, H:]
+            v = qkv[..., (H + Hkv) * D:].view(B, T, Hkv, D).transpose(1, 2)
+            k_cache[:, :, start:end] = k
+            v_cache[:, :, start:end] = v
+            att = F.scaled_dot_product_attention(q, k_cache[:, :, :end], v_cache[:, :, :end], attn_mask=mask_B_1_T_S,
+                                                 scale=self.scale, enable_gqa=H != Hkv)
+            x = x + F.linear(att.transpose(1, 2).reshape(B, T, H * D), layer.o_w, layer.o_b)
+            gate, up = F.linear(_rms_norm(layer.norm2, x), layer.gate_up_w, layer.gate_up_b).chunk(2, -1)
+            x = x + F.linear(layer.act(gate) * up, layer.down_w, layer.down_b)
+        return _rms_norm(self.final_norm, x[:, -1])
+
+    def _logits(self, hidden_B_d) -> torch.Tensor:
+        return F.linear(hidden_B_d, self.lm_head_w, self.lm_head_b).float()
+
+    # -------------------------------------------------------------------------------------------- sampling
+
+    @torch.inference_mode()
+    def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float, eos_ids: list[int],
+               pad_id: int, min_new_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample up to `max_new_tokens` per prompt. Returns (tokens_B_T, logp_B_T) on the CPU: T <= max_new_tokens
+        (the loop stops once every row has an EOS); after a row's first EOS its tokens are `pad_id`."""
+        B, dev = len(prompts_ids), self.device
+        P = max(len(p) for p in prompts_ids)
+        S = P + max_new_tokens
+        # Identical prompts (n samples per pair) share one prefill; their caches are copied into each row.
+        unique: dict[tuple, int] = {}
+        row_of = [unique.setdefault(tuple(p), len(unique)) for p in prompts_ids]
+        U = len(unique)
+        prompt_ids = torch.full((U, P), pad_id, dtype=torch.long)
+        lengths = torch.zeros(U, dtype=torch.long)
+        for p, u in unique.items():
+            prompt_ids[u, P - len(p):] = torch.tensor(p, dtype=torch.long)
+            lengths[u] = len(p)
+        cols = torch.arange(S)
+        valid_U_S = (cols[None, :] >= P - lengths[:, None])
+        pos_U_S = (cols[None, :] - (P - lengths[:, None])).clamp(min=0)
+        prompt_ids, valid_U_S, pos_U_S = prompt_ids.to(dev), valid_U_S.to(dev), pos_U_S.to(dev)
+        cos_U_S_D, sin_U_S_D = self.rotary(self.embed_w, pos_U_S)
+        half = self.head_dim // 2
+        sin_U_S_D = torch.cat((-sin_U_S_D[..., :half], sin_U_S_D[..., half:]), -1)  # rotate_half's signs, once
+
+        def new_cache(n):
+            return [(torch.empty(n, self.n_kv, S, self.head_dim, dtype=self.dtype, device=dev),
+                     torch.empty(n, self.n_kv, S, self.head_dim, dtype=self.dtype, device=dev))
+                    for _ in self.layers]
+
+        # prefill: causal over real keys; a padding query attends to itself only (keeps its row finite)
+        causal_P_P = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+        eye_P_P = torch.eye(P, dtype=torch.bool, device=dev)
+        mask = _additive(((causal_P_P[None] & valid_U_S[:, None, :P]) | eye_P_P[None])[:, None], self.dtype)
+        prefill_cache = new_cache(U)
+        hidden = self._forward(prompt_ids, cos_U_S_D[:, :P], sin_U_S_D[:, :P], prefill_cache, 0, mask)
+        index = torch.tensor(row_of, device=dev)
+        if U == B and row_of == list(range(B)):
+            cache = prefill_cache
+        else:
+            cache = new_cache(B)
+            for (k, v), (k_u, v_u) in zip(cache, prefill_cache):
+                k[:, :, :P] = k_u[index, :, :P]
+                v[:, :, :P] = v_u[index, :, :P]
+            del prefill_cache
+        hidden = hidden[index]
+        bias_B_1_1_S = _additive(valid_U_S[index][:, None, None], self.dtype)
+        cos_B_S_D, sin_B_S_D = cos_U_S_D[index], sin_U_S_D[index]
+
+        eos = torch.tensor(eos_ids, device=dev)
+        done_B = torch.zeros(B, dtype=torch.bool, device=dev)
+        tokens, logps = [], []
+        for t in range(max_new_tokens):
+            logits_B_V = self._logits(hidden)
+            if temperature != 1.0:
+                logits_B_V = logits_B_V / temperature
+            if t < min_new_tokens:
+                logits_B_V.index_fill_(1, eos, -float("inf"))
+            logp_B_V = torch.log_softmax(logits_B_V, -1)
+            tok_B = _draw(logp_B_V)
+            logps.append(logp_B_V.gather(-1, tok_B[:, None])[:, 0])
+            tok_B = torch.where(done_B, torch.full_like(tok_B, pad_id), tok_B)
+            tokens.append(tok_B)
+            done_B = done_B | torch.isin(tok_B, eos)
+            if t == max_new_tokens - 1 or bool(done_B.all()):
+                break
+            col = P + t
+            hidden = self._forward(tok_B[:, None], cos_B_S_D[:, col:col + 1], sin_B_S_D[:, col:col + 1], cache, col,
+                                   bias_B_1_1_S[..., :col + 1])
+        logp_B_T = torch.stack(logps, 1).cpu()
+        if not bool(torch.isfinite(logp_B_T).all()):  # checked once here rather than at every step
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        return torch.stack(tokens, 1).cpu(), logp_B_T
+
+
+def _rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if type(module).__name__ == "LlamaRMSNorm" and x.dtype == torch.float32:
+        return F.rms_norm(x, module.weight.shape, module.weight, module.variance_epsilon)
+    return module(x)
+
+
+def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive one SDPA would build from it (0 where allowed, -inf elsewhere)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, -float("inf"))
+
+
+def _draw(logp_B_V: torch.Tensor) -> torch.Tensor:
+    """One token per row from exp(logp_B_V), by inverse CDF on one uniform draw per row (global RNG).
+
+    The draw is kept strictly below the total mass, so the chosen token always has a positive probability. Rows that
+    are not finite (diverged weights) are caught by the caller through their log-probs.
+    """
+    cdf_B_V = logp_B_V.exp().cumsum(-1)
+    total_B_1 = cdf_B_V[:, -1:]
+    u_B_1 = torch.rand(total_B_1.shape, device=total_B_1.device, dtype=total_B_1.dtype) * total_B_1
+    u_B_1 = torch.minimum(u_B_1, torch.nextafter(total_B_1, torch.zeros_like(total_B_1)))
+    return torch.searchsorted(cdf_B_V, u_B_1, right=True)[:, 0].clamp(max=logp_B_V.shape[-1] - 1)
+
+
+def llama_engine(model) -> LlamaEngine | None:
+    """A `LlamaEngine` over the model's current weights, or None when the model is outside what it reproduces."""
+    try:
+        return LlamaEngine(model)
+    except (Unsupported, AttributeError, TypeError):
+        return None
