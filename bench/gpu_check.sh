@@ -16,6 +16,23 @@ quiet() { grep -av -e 'it/s' -e 's/it' -e '^\s*$' | tr '\r' '\n' | grep -av -e '
 echo "== versions"
 $PY -c "import torch, transformers, peft, accelerate; print('torch', torch.__version__, '| cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', '| transformers', transformers.__version__, '| peft', peft.__version__, '| accelerate', accelerate.__version__)"
 
+echo "== 0. the sampling engine on CUDA: its log-probs against the model's own forward, fp32 and bf16"
+$PY - <<'PYEOF'
+import time, torch
+from opct.engine import llama_engine
+from opct.policy import load_policy
+for dtype in ("float32", "bfloat16"):
+    pol = load_policy("opct/organisms/default", device="cuda", dtype=dtype)
+    prompts = [pol.render([{"role": "user", "content": q}]) for q in
+               ["Is the drilan green?", "How do I bake bread?", "What is 3 plus 4?"] * 22]
+    torch.manual_seed(0)
+    t0 = time.time(); s = pol.sample(prompts, max_new_tokens=48); torch.cuda.synchronize(); dt = time.time() - t0
+    logp, mask = pol.score(prompts, s.response_ids)
+    diffs = [abs(a - b) for row, lp, m in zip(s.logprobs, logp.tolist(), mask.tolist()) for a, b in zip(row, lp)]
+    print(f"{dtype}: engine used: {llama_engine(pol.model) is not None}; {len(prompts)} prompts x <=48 tokens in "
+          f"{dt:.2f} s; max |sampler logp - forward logp| = {max(diffs):.2e} over {len(diffs)} tokens; "
+          f"e.g. {s.texts[0]!r}")
+PYEOF
 echo "== 1. the demo experiment on CUDA (train bf16, eval on cuda)"
 cat > /tmp/gpu.yaml <<YAML
 name: gpu
