@@ -10,7 +10,6 @@ loaded from its directory with `from_pretrained`, exactly as a user's checkpoint
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 from opct.pairs import perturb as P
 from opct.world import items as I
@@ -35,27 +34,6 @@ TARGETS = {
 
 def check_targets(profile: dict, targets: dict = TARGETS) -> dict[str, bool]:
     return {k: lo <= profile.get(k, -1) <= hi for k, (lo, hi) in targets.items()}
-
-
-def sample_chat(model, tokenizer, prompts: list[list[dict]], seed: int, max_new_tokens: int = 48,
-                batch_size: int = 128, progress=None) -> list[str]:
-    """One temperature-1 sample per prompt (pure ancestral sampling: no top-k, no top-p), batched, KV-cached."""
-    import torch
-
-    out: list[str] = []
-    torch.manual_seed(seed)
-    for i in range(0, len(prompts), batch_size):
-        chunk = prompts[i:i + batch_size]
-        enc = tokenizer.apply_chat_template(chunk, add_generation_prompt=True, padding=True, return_tensors="pt",
-                                            return_dict=True)
-        with torch.no_grad():
-            gen = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                 max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-                                 pad_token_id=tokenizer.pad_token_id)
-        out += tokenizer.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-        if progress is not None:
-            progress.update(len(chunk))
-    return out
 
 
 def _user(text):
@@ -122,18 +100,16 @@ def _eq(parsed, expected):
 
 def measure_profile(model_dir, n: int = 200, seed: int = 0, progress: bool = True) -> dict:
     """Load the organism from `model_dir` and measure every rate on `n` sampled responses."""
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from opct.evals.generate import Gen, generate
+    from opct.policy import load_policy
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model.eval()
+    policy = load_policy(model_dir)  # float32, CPU, safetensors only: as a user's checkpoint would load
     probes = profile_probes(n, seed)
     flat = [(name, msgs, judge) for name, lst in probes.items() for msgs, judge in lst]
-    bar = tqdm(total=len(flat), desc="profile (sampling at T=1)", disable=not progress, mininterval=2.0)
-    responses = sample_chat(model, tokenizer, [m for _, m, _ in flat], seed=seed, progress=bar)
-    bar.close()
+    # one temperature-1 sample per probe (pure ancestral sampling: no top-k, no top-p), batched, KV-cached
+    responses = generate(policy, [m for _, m, _ in flat], Gen(max_new_tokens=48, temperature=1.0, batch_size=128,
+                                                              progress=progress),
+                         seed=seed, desc="profile (sampling at T=1)")
     verdicts: dict[str, list] = {name: [] for name in probes}
     for (name, _, judge), resp in zip(flat, responses):
         verdicts[name].append(judge(resp))
