@@ -86,14 +86,20 @@ def signed(x: float, digits: int = 3) -> str:
     return ("+" if x > 0 else "−") + s
 
 
+def num(x: float, digits: int = 3) -> str:
+    """x to `digits` places, never '-0.000' (a bootstrap bound of -1e-17 is zero)."""
+    s = f"{x:.{digits}f}"
+    return s[1:] if s.startswith("-") and float(s) == 0 else s
+
+
 def cell_text(est: Estimate | None, row_seeds: int = 1, base: Estimate | None = None,
               digits: int = 3) -> str:
     """'0.990 [0.970, 1.000]', plus ' (n=2)' when fewer seeds than the row has, plus ' (−0.005)' versus base."""
     if est is None:
         return "–"
-    s = f"{est.value:.{digits}f}"
+    s = num(est.value, digits)
     if est.ci_low is not None and est.ci_high is not None:
-        s += f" [{est.ci_low:.{digits}f}, {est.ci_high:.{digits}f}]"
+        s += f" [{num(est.ci_low, digits)}, {num(est.ci_high, digits)}]"
     if est.n_seeds < row_seeds:
         s += f" (n={est.n_seeds})"
     if base is not None:
