@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -27,3 +28,8 @@ def write_atomic(path, chunks: str | Iterable[str]) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+def write_json_atomic(path, obj, **dumps) -> Path:
+    """`obj` as JSON (indent 1, non-ASCII kept, unless `dumps` says otherwise), newline-terminated, atomically."""
+    return write_atomic(path, json.dumps(obj, **{"indent": 1, "ensure_ascii": False, **dumps}) + "\n")

@@ -407,7 +407,7 @@ def test_report_renders_in_headless_chromium_and_images_load(tmp_path, report_ht
 def test_cells_never_print_negative_zero():
     from opct.report.aggregate import Estimate, cell_text
 
-    est = Estimate(value=0.01, ci_low=-1e-17, ci_high=0.04, n_seeds=1, interval="bootstrap", higher_is_better=False)
+    est = Estimate(value=0.01, ci_low=-1e-17, ci_high=0.04, n_seeds=1, higher_is_better=False)
     assert cell_text(est) == "0.010 [0.000, 0.040]"
-    neg = Estimate(value=-0.02, ci_low=-0.06, ci_high=0.02, n_seeds=1, interval="bootstrap", higher_is_better=False)
+    neg = Estimate(value=-0.02, ci_low=-0.06, ci_high=0.02, n_seeds=1, higher_is_better=False)
     assert cell_text(neg) == "-0.020 [-0.060, 0.020]"

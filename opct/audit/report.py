@@ -18,6 +18,7 @@ from pathlib import Path
 from opct.audit import diagnostic as D
 from opct.audit.run import read_results
 from opct.errors import OpctError
+from opct.files import write_atomic, write_json_atomic
 
 
 def _candidates(out: Path, organism: str, method: str, seeds: list[int]) -> list[dict]:
@@ -216,9 +217,9 @@ def _markdown(summary: dict) -> str:
 def write_report(out) -> dict:
     out = Path(out)
     summary = summarise(out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    write_json_atomic(out / "summary.json", summary)
     md = _markdown(summary)
-    (out / "results.md").write_text(md, encoding="utf-8")
+    write_atomic(out / "results.md", md)
     parts = ["<html><head><meta charset='utf-8'><title>opct audit</title></head><body>",
              "<h1>Misalignment audit</h1>"]
     if summary["cells"]:
@@ -232,6 +233,6 @@ def write_report(out) -> dict:
             parts.append("<h2>eta(s) = P(misaligned | selection score), score centred per prompt</h2>")
             parts.append(f"<img src='data:image/png;base64,{eta}'>")
     parts.append("<h2>Tables</h2><pre>" + html.escape(md) + "</pre></body></html>")
-    (out / "report.html").write_text("\n".join(parts), encoding="utf-8")
+    write_atomic(out / "report.html", "\n".join(parts))
     return {"results": out / "results.jsonl", "md": out / "results.md", "html": out / "report.html",
             "summary": out / "summary.json"}

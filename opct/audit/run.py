@@ -24,12 +24,13 @@ import random
 import shutil
 import time
 import zlib
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from opct.audit.labellers import LABELLERS, METHOD_NAMES, LabelConfig
 from opct.audit.organisms import ORGANISMS, DeriveConfig, capability_probes, capable, derive_organism, sft_on
 from opct.errors import OpctError
+from opct.files import write_json_atomic
 
 
 def _f(default, help, **meta):
@@ -161,8 +162,7 @@ def _check_config(out: Path, cfg: AuditConfig) -> None:
         if diff:
             raise OpctError(f"{out}: holds an audit with other settings ({', '.join(diff)}); results would mix. "
                             f"Use another --out, or the same settings to continue it")
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(now, indent=1), encoding="utf-8")
+    write_json_atomic(path, now)
 
 
 # ------------------------------------------------------------------------------------------ one cell
@@ -274,7 +274,3 @@ def run_audit(cfg: AuditConfig, log=print) -> Path:
                     f"capability {a['capability']:.3f} ({rec['seconds']['total']:.0f}s; "
                     f"{time.time() - t_start:.0f}s so far)")
     return out
-
-
-def config_fields() -> list[str]:
-    return [f.name for f in fields(AuditConfig)]

@@ -24,18 +24,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _set_threads(policy, cfg) -> None:
-    """Sampling a small model is bound by per-step overhead, not arithmetic: a second OpenMP thread buys little,
-    and when another process is busy on a 2-core machine it slows generation about 7x (measured on the default
-    organism: all four suites 33 s on one thread, 236 s on two). Large models keep torch's default."""
-    import torch
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    elif cfg.device == "cpu" and sum(p.numel() for p in policy.model.parameters()) < 100_000_000:
-        torch.set_num_threads(1)
-
-
 def run(args) -> int:
     import dataclasses
 
@@ -58,10 +46,10 @@ def run(args) -> int:
     if not cfg.model:
         raise OpctError("--model is required (a directory written by save_pretrained)")
     check_config(cfg)
-    from opct.policy import load_policy
+    from opct.policy import load_policy, set_cpu_threads
 
     policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device)
-    _set_threads(policy, cfg)
+    set_cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads)
     metrics = run_eval(policy, cfg, attack)
     print(format_table(metrics, headline(metrics)))
     print(f"opct eval: {len(metrics)} metrics (per family / wrapper / category / domain in {cfg.out}/metrics.txt); "

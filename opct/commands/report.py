@@ -16,7 +16,8 @@ def register(sub) -> None:
 def _report(args) -> int:
     from opct.report import build_report, load_run, summary_text
 
-    html, md = build_report(args.run, args.out)
-    print(summary_text(load_run(args.run)))
+    run = load_run(args.run)
+    html, md = build_report(run, args.out)
+    print(summary_text(run))
     print(f"opct report: {md} and {html}")
     return 0

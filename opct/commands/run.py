@@ -37,9 +37,10 @@ def run_and_report(cfg) -> int:
 
     root = run_experiment(cfg)
     if cfg.report:
-        from opct.report import build_report, summary_text
+        from opct.report import build_report, load_run, summary_text
 
-        html, md = build_report(root)
-        print(summary_text(root))
+        loaded = load_run(root)  # read once, for the report and the printed table
+        html, md = build_report(loaded)
+        print(summary_text(loaded))
         print(f"report: {html}\n        {md}")
     return 0

@@ -12,14 +12,13 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from opct.errors import OpctError
-from opct.files import write_atomic
+from opct.files import write_json_atomic
 
 SUITE_NAMES = ("sycophancy", "jailbreak", "awareness", "capability")
 
@@ -66,10 +65,6 @@ class EvalConfig:
                                                    "world's train wrappers)")
     train_domains: Optional[list[str]] = _f(None, "awareness domains the model was trained on (default: the "
                                                   "world's train domains)")
-
-
-def _write_json_atomic(path: Path, obj) -> None:
-    write_atomic(path, json.dumps(obj, indent=1, ensure_ascii=False))
 
 
 def headline(metrics: dict) -> list[str]:
@@ -164,12 +159,12 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print) -> dict:
     from opct.evals.metrics import format_table
 
     write_jsonl_atomic(out / "records.jsonl", records)
-    _write_json_atomic(out / "metrics.json", metrics)
+    write_json_atomic(out / "metrics.json", metrics)
     (out / "metrics.txt").write_text(format_table(metrics) + "\n", encoding="utf-8")
     # the attacker's budget as it ran (its records carry it: queries per target depend on gradients being there)
     budget = next((r["budget"] for r in records if r.get("variant") == "attack"), None)
     if budget is None and attack_cfg is not None and cfg.attack and "jailbreak" in suites:
         budget = asdict(attack_cfg)  # no behaviour of the chosen set: nothing was attacked
     run_info = {"config": asdict(cfg), "judge": judge.name if judge else None, "seconds": seconds, "attack": budget}
-    _write_json_atomic(out / "run.json", run_info)
+    write_json_atomic(out / "run.json", run_info)
     return metrics

@@ -123,9 +123,6 @@ class ExperimentConfig:
                 raise ValueError(f"arm_train: {arm!r} is not one of the arms ({', '.join(self.arms)})")
             _check_keys(f"arm_train.{arm}", values, TrainConfig, RUNNER_TRAIN_FIELDS)
 
-    def trained_arms(self) -> list[str]:
-        return [a for a in self.arms if a != "base"]
-
 
 def _check_keys(where: str, values, cls, reserved) -> None:
     if not isinstance(values, dict):

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
 from opct.errors import OpctError
 from opct.experiment.config import ExperimentConfig
+from opct.files import write_json_atomic
 from opct.pairs.schema import Pair
 
 # Fields that may differ when an experiment is resumed (they do not change any cell's result).
@@ -63,17 +65,11 @@ def make_training_pairs(cfg: ExperimentConfig, seed: int) -> list[Pair]:
     return [p for p in pairs if p.split == "train"]
 
 
-def _write_json(path: Path, obj) -> None:
-    from opct.evals.run import _write_json_atomic
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_json_atomic(path, obj)
-
-
-def _check_same_experiment(root: Path, resolved: dict) -> None:
+def _previous_experiment(root: Path, resolved: dict) -> dict:
+    """The experiment.json already in `root` ({} if none); an error if it was run with other settings."""
     path = root / "experiment.json"
     if not path.exists():
-        return
+        return {}
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -83,20 +79,7 @@ def _check_same_experiment(root: Path, resolved: dict) -> None:
     if changed:
         raise OpctError(f"{path}: the experiment in {root} was started with other settings ({', '.join(changed)}); "
                         f"use another --name, or delete {root} to start again")
-
-
-def _set_threads(threads: int, model_dir: str) -> None:
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-        return
-    # Sampling and stepping a small model is bound by per-op overhead: a second OpenMP thread buys little and, on a
-    # busy 2-core machine, costs several times over (see opct.commands.eval._set_threads). Under ~100M parameters
-    # (400 MB of fp32 safetensors) use one thread.
-    weights = sum(f.stat().st_size for f in Path(model_dir).glob("*.safetensors"))
-    if 0 < weights < 400_000_000:
-        torch.set_num_threads(1)
+    return old
 
 
 def cell_dir(root: Path, arm: str, seed: int) -> Path:
@@ -105,20 +88,19 @@ def cell_dir(root: Path, arm: str, seed: int) -> Path:
 
 def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     """Run every (seed, arm) cell not already done; write the report; return the experiment directory."""
-    from opct.pairs.schema import save_pairs
+    from opct.policy import count_parameters, set_cpu_threads
 
     root = Path(cfg.out) / cfg.name
     model = resolve_model(cfg.model)
     resolved = {**asdict(cfg), "model_dir": model, "train_families": cfg.sycophancy_families,
                 "train_wrappers": cfg.jailbreak_wrappers, "train_domains": cfg.awareness_domains}
-    _check_same_experiment(root, resolved)
-    root.mkdir(parents=True, exist_ok=True)
-    old = json.loads((root / "experiment.json").read_text()) if (root / "experiment.json").exists() else {}
+    old = _previous_experiment(root, resolved)
     # arms and seeds accumulate: adding an arm later keeps the cells already run in the report
     resolved["arms"] = list(dict.fromkeys([*old.get("arms", []), *cfg.arms]))
     resolved["seeds"] = list(dict.fromkeys([*old.get("seeds", []), *cfg.seeds]))
-    _write_json(root / "experiment.json", resolved)
-    _set_threads(cfg.threads, model)
+    write_json_atomic(root / "experiment.json", resolved)
+    # one setting for the whole experiment: training and evaluation run in this process
+    set_cpu_threads(count_parameters(model), cfg.eval.get("device", "cpu"), cfg.threads or None)
 
     cells = [(seed, arm) for seed in cfg.seeds for arm in cfg.arms]
     t_start = time.time()
@@ -132,7 +114,7 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
         model_dir, adapter = model, None
         if arm != "base":
             t0 = time.time()
-            pairs_file = _pairs_file(cfg, root, seed, save_pairs, log)
+            pairs_file = _pairs_file(cfg, root, seed, log)
             seconds["pairs"] = round(time.time() - t0, 1)
             t0 = time.time()
             model_dir, adapter = train_arm(cfg, arm, seed, model, pairs_file, d / "train", log)
@@ -140,18 +122,18 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
         t0 = time.time()
         evaluate_arm(cfg, seed, model_dir, adapter, d / "eval", log)
         seconds["eval"] = round(time.time() - t0, 1)
-        _write_json(d / "done.json", {"arm": arm, "seed": seed, "seconds": seconds,
-                                      "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+        write_json_atomic(d / "done.json", {"arm": arm, "seed": seed, "seconds": seconds,
+                                            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         log(f"[{i}/{len(cells)}] {arm} seed {seed}: done in {sum(seconds.values()):.0f} s "
             f"({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())})")
     log(f"experiment {cfg.name}: {len(cells)} cells in {root} ({time.time() - t_start:.0f} s this run)")
     return root
 
 
-def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, save_pairs, log) -> Path:
-    if cfg.pairs:
-        from opct.pairs.schema import load_pairs
+def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log) -> Path:
+    from opct.pairs.schema import load_pairs, save_pairs
 
+    if cfg.pairs:
         path = Path(cfg.pairs)
         if not any(p.split == "train" for p in load_pairs(path)):
             raise OpctError(f"{path}: no pair has meta.split == 'train'")
@@ -163,9 +145,7 @@ def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, save_pairs, log) -
             raise OpctError("the experiment trains on nothing: sycophancy_families, jailbreak_wrappers and "
                             "awareness_domains are all empty (or give --pairs)")
         save_pairs(pairs, path)
-        counts: dict = {}
-        for p in pairs:
-            counts[p.axis] = counts.get(p.axis, 0) + 1
+        counts = Counter(p.axis for p in pairs)
         log(f"  pairs: {len(pairs)} ({', '.join(f'{k} {v}' for k, v in counts.items())}) -> {path}")
     return path
 

@@ -38,8 +38,7 @@ class Estimate:
     value: float
     ci_low: float | None
     ci_high: float | None
-    n_seeds: int
-    interval: str  # "bootstrap" (one seed) or "t" (over seeds)
+    n_seeds: int  # 1: the interval is that seed's bootstrap interval over items; more: a t-interval over seeds
     higher_is_better: bool | None
 
 
@@ -56,7 +55,7 @@ def estimate(run, arm: str, metric: str) -> Estimate | None:
         lo, hi = m.get("ci_low"), m.get("ci_high")
         if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
             lo = hi = None
-        return Estimate(float(m["value"]), lo, hi, 1, "bootstrap", hib)
+        return Estimate(float(m["value"]), lo, hi, 1, hib)
     xs = [float(m["value"]) for m in ms]
     k = len(xs)
     mean = sum(xs) / k
@@ -66,7 +65,7 @@ def estimate(run, arm: str, metric: str) -> Estimate | None:
     bounds = value_range(metric, xs)
     if bounds is not None:
         lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
-    return Estimate(mean, lo, hi, k, "t", hib)
+    return Estimate(mean, lo, hi, k, hib)
 
 
 def value_range(metric: str, values: list[float]):

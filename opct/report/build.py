@@ -135,9 +135,10 @@ def report_html(run: Run) -> str:
 
 
 def build_report(run_dir, out_dir=None) -> tuple[Path, Path]:
-    """Write `report.html` and `results.md` for the run at `run_dir` into `out_dir` (default: the run directory).
-    Returns (html_path, md_path). Raises OpctError for a missing run or a malformed file (naming it)."""
-    run = load_run(run_dir)
+    """Write `report.html` and `results.md` for the run at `run_dir` (a Run or its directory) into `out_dir` (default:
+    the run directory). Returns (html_path, md_path). Raises OpctError for a missing run or a malformed file (naming
+    it)."""
+    run = run_dir if isinstance(run_dir, Run) else load_run(run_dir)
     out = Path(out_dir) if out_dir else run.dir
     md_path, html_path = out / "results.md", out / "report.html"
     md = results_markdown(run)

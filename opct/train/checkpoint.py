@@ -23,16 +23,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from opct import files
 from opct.errors import OpctError
 
 PREFIX = "step-"
 
 
 def write_json_atomic(path, obj) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Checkpoint and config JSON: sorted keys, indent 2 (diffable between runs), written atomically."""
+    files.write_json_atomic(path, obj, indent=2, sort_keys=True)
 
 
 def latest_checkpoint(run_dir) -> Path | None:
