@@ -17,8 +17,11 @@ before the model is loaded), and opct's achieved FLOP/s against a matmul peak me
 model FLOPs, 2 x (linear-layer parameters) per token per forward pass, backward 2x forward for activations
 (+2x for weights when they are trained); attention score FLOPs are left out, so this is an estimate.
 
-    OMP_NUM_THREADS=1 python bench/opct_step.py [--model DIR] [--rounds 3] [--steps 4] [--pairs 4] [--samples 2]
-                                                [--response-len 32]
+    python bench/opct_step.py [--threads N] [--model DIR] [--rounds 3] [--steps 4] [--pairs 4] [--samples 2]
+                              [--response-len 32]
+
+--threads: intra-op threads for both trainers (torch.set_num_threads in each worker); by default torch's own choice
+(one per core), which is how either trainer runs when a user starts it. Both trainers always get the same number.
 
 --model defaults to the shipped default organism (opct/organisms/default) when it exists, otherwise to a tiny
 Llama built on the spot.
@@ -113,7 +116,15 @@ class StepClock:
         return [b[0] - a[0] for a, b in spans], [b[1] - a[1] for a, b in spans]
 
 
+def set_threads(a) -> None:
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+
+
 def worker_opct(a) -> dict:
+    set_threads(a)
     from opct.methods import METHODS
     from opct.train.config import TrainConfig
     from opct.train.loop import train
@@ -139,6 +150,7 @@ def worker_opct(a) -> dict:
 
 
 def worker_trl(a) -> dict:
+    set_threads(a)
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -181,7 +193,7 @@ def run_worker(name: str, a, extra_env=None) -> tuple[dict | None, str]:
     cmd = [sys.executable, __file__, "--worker", name, "--model", str(a.model), "--pairs-file", str(a.pairs_file),
            "--tmp", str(a.tmp), "--steps", str(a.steps), "--warmup", str(a.warmup), "--pairs", str(a.pairs),
            "--samples", str(a.samples), "--response-len", str(a.response_len), "--lora-r", str(a.lora_r),
-           "--round", str(a.round)]
+           "--round", str(a.round), "--threads", str(a.threads or 0)]
     out = Path(a.tmp) / f"{name}-{a.round}.json"
     done = subprocess.run(cmd + ["--result", str(out)], capture_output=True, text=True)
     if done.returncode != 0 or not out.exists():
@@ -214,6 +226,7 @@ def main(argv=None):
     p.add_argument("--prompt-words", type=int, default=24)
     p.add_argument("--fact-words", type=int, default=24)
     p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads for both trainers (default: torch's)")
     p.add_argument("--worker", choices=["opct", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--pairs-file", help=argparse.SUPPRESS)
     p.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -228,6 +241,7 @@ def main(argv=None):
 
     import torch
 
+    set_threads(a)  # the matmul peak below is measured with the same threads
     with tempfile.TemporaryDirectory(prefix="opct-bench-") as tmp:
         a.tmp = tmp
         a.model = str(Path(a.model) if a.model else default_model(Path(tmp)))

@@ -22,6 +22,13 @@ architecture, a rope type whose frequencies depend on the sequence length, DoRA 
 base layer, registered forward hooks, linear weights past `MAX_COPY_BYTES`) give None from `llama_engine`, and the
 caller falls back to `generate`.
 
+Memory: on the CPU, torch hands every large tensor back to the OS when it is freed, so a fresh one costs a page
+fault per 4 KiB on first touch (about 10x the cost of writing it again: ~4 ms for the default organism's folded
+weights, on every call). An `EnginePool` keeps the folded weights and the KV cache between calls; `HFPolicy` keeps
+one per policy on the CPU. The weights are still re-read and re-folded on every call (training changes them between
+calls, and some in-place edits are invisible to version counters), only their memory is reused. On a GPU the caching
+allocator already reuses memory, and a persistent copy would only add to peak memory, so no pool is used there.
+
 Batch layout: prompts are left-padded to width P; position ids count each row's real tokens from 0 (as `pack` and
 generate do); token t of the response sits at cache column P + t.
 """
@@ -78,15 +85,40 @@ def _parts(module: torch.nn.Module):
     return base.weight, base.bias, deltas
 
 
-def _fused(modules: Sequence[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None]:
+class EnginePool:
+    """Tensors kept between engine calls, by name: a request for a name gets the same memory back while it is big
+    enough (see the module docstring). Not thread-safe, like the policy that owns it."""
+
+    def __init__(self):
+        self._store: dict[str, torch.Tensor] = {}
+
+    def take(self, name: str, shape: Sequence[int], dtype, device) -> torch.Tensor:
+        """An uninitialised tensor of `shape`, a view of the memory last given under `name` when that fits."""
+        n = 1
+        for d in shape:
+            n *= d
+        flat = self._store.get(name)
+        if flat is None or flat.numel() < n or flat.dtype != dtype or flat.device != torch.device(device):
+            flat = self._store[name] = torch.empty(n, dtype=dtype, device=device)
+        return flat[:n].view(shape)
+
+
+def _empty(pool: EnginePool | None, name: str, shape, dtype, device) -> torch.Tensor:
+    if pool is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return pool.take(name, shape, dtype, device)
+
+
+def _fused(modules: Sequence[torch.nn.Module], pool: EnginePool | None = None,
+           name: str = "") -> tuple[torch.Tensor, torch.Tensor | None]:
     """The effective (weight, bias) of linear layers that read the same input, stacked into one (out_1 + out_2 + ...,
-    in) weight: base weight + scaling * B @ A for every active LoRA adapter, written straight into the stacked copy.
-    A single plain layer is returned as is (no copy)."""
+    in) weight: base weight + scaling * B @ A for every active LoRA adapter, written straight into the stacked copy
+    (in `pool` memory under `name` when a pool is given). A single plain layer is returned as is (no copy)."""
     parts = [_parts(m) for m in modules]
     if len(parts) == 1 and not parts[0][2]:
         return parts[0][0], parts[0][1]
     w0 = parts[0][0]
-    weight = torch.empty(sum(w.shape[0] for w, _, _ in parts), w0.shape[1], dtype=w0.dtype, device=w0.device)
+    weight = _empty(pool, name, (sum(w.shape[0] for w, _, _ in parts), w0.shape[1]), w0.dtype, w0.device)
     row = 0
     for w, _, deltas in parts:
         dst = weight[row:row + w.shape[0]]
@@ -124,10 +156,13 @@ def _innermost(model):
 
 
 class LlamaEngine:
-    """Sampling over a snapshot of a Llama model's effective weights (take a new one after the weights change)."""
+    """Sampling over a snapshot of a Llama model's effective weights (take a new one after the weights change).
+
+    `pool`: memory to reuse for the folded weights and the KV cache (see `EnginePool`); the snapshot then lives in
+    the pool's memory, so take the next snapshot from the same pool only once this one is no longer used."""
 
     @torch.no_grad()  # a snapshot: no graph back to the adapter weights
-    def __init__(self, model):
+    def __init__(self, model, pool: EnginePool | None = None):
         lm = _innermost(model)
         # forward hooks (activation recording, steering) would be bypassed: leave hooked models to generate()
         if torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks or any(
@@ -151,15 +186,16 @@ class LlamaEngine:
         self.embed_w = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
         self.final_norm = inner.norm
-        self.lm_head_w, self.lm_head_b = _fused([lm.lm_head])
+        self.pool = pool
+        self.lm_head_w, self.lm_head_b = _fused([lm.lm_head], pool, "lm_head")
         self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.layers = []
-        for layer in inner.layers:
+        for i, layer in enumerate(inner.layers):
             att, mlp = layer.self_attn, layer.mlp
-            qkv_w, qkv_b = _fused([att.q_proj, att.k_proj, att.v_proj])
-            o_w, o_b = _fused([att.o_proj])
-            gu_w, gu_b = _fused([mlp.gate_proj, mlp.up_proj])
-            down_w, down_b = _fused([mlp.down_proj])
+            qkv_w, qkv_b = _fused([att.q_proj, att.k_proj, att.v_proj], pool, f"{i}.qkv")
+            o_w, o_b = _fused([att.o_proj], pool, f"{i}.o")
+            gu_w, gu_b = _fused([mlp.gate_proj, mlp.up_proj], pool, f"{i}.gate_up")
+            down_w, down_b = _fused([mlp.down_proj], pool, f"{i}.down")
             self.layers.append(_Layer(layer.input_layernorm, qkv_w, qkv_b, o_w, o_b, layer.post_attention_layernorm,
                                       gu_w, gu_b, down_w, down_b, mlp.act_fn))
         self.head_dim, self.scale = inner.layers[0].self_attn.head_dim, inner.layers[0].self_attn.scaling
@@ -222,22 +258,22 @@ class LlamaEngine:
         half = self.head_dim // 2
         sin_U_S_D = torch.cat((-sin_U_S_D[..., :half], sin_U_S_D[..., half:]), -1)  # rotate_half's signs, once
 
-        def new_cache(n):
-            return [(torch.empty(n, self.n_kv, S, self.head_dim, dtype=self.dtype, device=dev),
-                     torch.empty(n, self.n_kv, S, self.head_dim, dtype=self.dtype, device=dev))
-                    for _ in self.layers]
+        def new_cache(n, name):
+            shape = (n, self.n_kv, S, self.head_dim)
+            return [(_empty(self.pool, f"{name}.{i}.k", shape, self.dtype, dev),
+                     _empty(self.pool, f"{name}.{i}.v", shape, self.dtype, dev)) for i in range(len(self.layers))]
 
         # prefill: causal over real keys; a padding query attends to itself only (keeps its row finite)
         causal_P_P = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
         eye_P_P = torch.eye(P, dtype=torch.bool, device=dev)
         mask = _additive(((causal_P_P[None] & valid_U_S[:, None, :P]) | eye_P_P[None])[:, None], self.dtype)
-        prefill_cache = new_cache(U)
+        prefill_cache = new_cache(U, "prefill")
         hidden = self._forward(prompt_ids, cos_U_S_D[:, :P], sin_U_S_D[:, :P], prefill_cache, 0, mask)
         index = torch.tensor(row_of, device=dev)
         if U == B and row_of == list(range(B)):
             cache = prefill_cache
         else:
-            cache = new_cache(B)
+            cache = new_cache(B, "cache")
             for (k, v), (k_u, v_u) in zip(cache, prefill_cache):
                 k[:, :, :P] = k_u[index, :, :P]
                 v[:, :, :P] = v_u[index, :, :P]
@@ -296,9 +332,10 @@ def _draw(logp_B_V: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf_B_V, u_B_1, right=True)[:, 0].clamp(max=logp_B_V.shape[-1] - 1)
 
 
-def llama_engine(model) -> LlamaEngine | None:
-    """A `LlamaEngine` over the model's current weights, or None when the model is outside what it reproduces."""
+def llama_engine(model, pool: EnginePool | None = None) -> LlamaEngine | None:
+    """A `LlamaEngine` over the model's current weights (in `pool` memory when given), or None when the model is
+    outside what it reproduces."""
     try:
-        return LlamaEngine(model)
+        return LlamaEngine(model, pool)
     except (Unsupported, AttributeError, TypeError):
         return None

@@ -39,7 +39,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from opct.engine import llama_engine
+from opct.engine import EnginePool, llama_engine
 from opct.errors import OpctError
 
 Messages = list[dict]
@@ -252,6 +252,7 @@ class HFPolicy:
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         # Sample through `opct.engine` (Llama models, LoRA folded in) when it applies; False forces generate().
         self.fast_sampling = fast_sampling
+        self._engine_pool = EnginePool()  # the engine's memory between calls, on the CPU only (see opct.engine)
 
     @property
     def device(self):
@@ -282,7 +283,9 @@ class HFPolicy:
         """
         if temperature <= 0:
             raise OpctError(f"temperature must be > 0 (got {temperature}); opct samples, it does not decode greedily")
-        engine = llama_engine(self.model) if self.fast_sampling else None
+        engine = None
+        if self.fast_sampling:
+            engine = llama_engine(self.model, self._engine_pool if self.device.type == "cpu" else None)
         try:
             if engine is not None:
                 new_B_T, logp_B_T = engine.sample(prompts_ids, max_new_tokens, temperature, self.eos_ids, self.pad_id,

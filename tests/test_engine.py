@@ -186,3 +186,27 @@ def test_diverged_weights_are_a_clear_error(policy):
     assert llama_engine(model) is not None
     with pytest.raises(OpctError, match="not finite"):
         broken.sample([policy.render(tiny_lm.clean_q("sky"))] * 2, max_new_tokens=4)
+
+
+def test_the_policys_kept_memory_is_reused_and_still_sees_every_weight_edit():
+    """HFPolicy keeps the engine's folded weights and KV cache between calls (opct.engine.EnginePool). Their memory
+    is reused, but the weights are re-read on every call: an edit through `.data`, which no version counter sees,
+    must still change what is sampled."""
+    tok = tiny_lm.make_tokenizer()
+    model = _lora(tiny_lm.make_model(tok, seed=6))
+    policy = HFPolicy(model, tok)
+    prompts = _prompts(policy)
+    torch.manual_seed(0)
+    first = policy.sample(prompts, max_new_tokens=6)
+    kept = {k: v.data_ptr() for k, v in policy._engine_pool._store.items()}
+    assert any(k.endswith("qkv") for k in kept) and any(".k" in k for k in kept)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data.mul_(-1.0)
+    torch.manual_seed(0)
+    second = policy.sample(prompts, max_new_tokens=6)
+    assert {k: v.data_ptr() for k, v in policy._engine_pool._store.items()} == kept
+    assert first.logprobs != second.logprobs
+    want = _forward_logprobs(model, prompts, second)
+    for i, lp in enumerate(second.logprobs):
+        assert torch.allclose(torch.tensor(lp), want[i, :len(lp)], atol=1e-4), i
