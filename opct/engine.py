@@ -25,9 +25,10 @@ caller falls back to `generate`.
 Memory: on the CPU, torch hands every large tensor back to the OS when it is freed, so a fresh one costs a page
 fault per 4 KiB on first touch (about 10x the cost of writing it again: ~4 ms for the default organism's folded
 weights, on every call). An `EnginePool` keeps the folded weights and the KV cache between calls; `HFPolicy` keeps
-one per policy on the CPU. The weights are still re-read and re-folded on every call (training changes them between
-calls, and some in-place edits are invisible to version counters), only their memory is reused. On a GPU the caching
-allocator already reuses memory, and a persistent copy would only add to peak memory, so no pool is used there.
+one per policy on the CPU, for models up to `POOL_MAX_BYTES` of linear weights. The weights are still re-read and
+re-folded on every call (training changes them between calls, and some in-place edits are invisible to version
+counters); only their memory is reused. On a GPU the caching allocator already reuses memory, and a persistent copy
+would only add to peak memory, so no pool is used there.
 
 Batch layout: prompts are left-padded to width P; position ids count each row's real tokens from 0 (as `pack` and
 generate do); token t of the response sits at cache column P + t.
@@ -47,6 +48,9 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 # are copies of up to all linear weights. Past this many bytes of them a model is compute-bound anyway, and sampling
 # stays with generate(), which makes no copy.
 MAX_COPY_BYTES = 1 << 30
+# An `EnginePool` keeps those copies between calls only up to this size: past it the arithmetic dwarfs the page
+# faults the pool saves, and the copy would stay in memory for as long as the policy lives.
+POOL_MAX_BYTES = 64 << 20
 
 
 class Unsupported(Exception):
@@ -180,6 +184,8 @@ class LlamaEngine:
                            if isinstance(m, torch.nn.Linear))
         if linear_bytes > MAX_COPY_BYTES:
             raise Unsupported(f"{linear_bytes} bytes of linear weights")
+        if linear_bytes > POOL_MAX_BYTES:
+            pool = None
         inner = lm.model
         if type(inner.embed_tokens) is not torch.nn.Embedding:
             raise Unsupported("embedding layer")
