@@ -125,15 +125,35 @@ def set_threads(a) -> None:
 
 def worker_opct(a) -> dict:
     set_threads(a)
+    import torch
+
+    import opct.methods.opct as opct_method
     from opct.methods import METHODS
     from opct.train.config import TrainConfig
     from opct.train.loop import train
 
     base_rss = rss_mb()
     clock, step_fn = StepClock(), METHODS["opct"]
+    parts: dict[str, list[float]] = {"sampling": [], "student forward": [], "teacher forward": [], "backward": []}
+
+    def timed(fn, name=None):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            # response_logits runs twice per micro-batch: the student's forward (with grad), then the teacher's
+            key = name or ("student forward" if torch.is_grad_enabled() else "teacher forward")
+            parts[key].append(time.perf_counter() - t0)
+            return out
+        return wrapper
+
+    opct_method.rollout = timed(opct_method.rollout, "sampling")
+    opct_method.response_logits = timed(opct_method.response_logits)
 
     def timed_step(run, micro_batches):
         clock.tick()
+        if not hasattr(run.accelerator, "_bench_timed"):
+            run.accelerator.backward = timed(run.accelerator.backward, "backward")
+            run.accelerator._bench_timed = True
         return step_fn(run, micro_batches)
 
     METHODS["opct"] = timed_step
@@ -145,8 +165,10 @@ def worker_opct(a) -> dict:
                       lora_r=a.lora_r, lora_alpha=2.0 * a.lora_r, lr=1e-4, tensorboard=False))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][a.warmup:-1]
     wall, cpu = clock.steps(a.warmup)
+    # one micro-batch per step: entry i of each part belongs to step i
+    parts = {k: v[a.warmup:a.warmup + a.steps] for k, v in parts.items()}
     return {"step_s": wall, "step_cpu_s": cpu, "tokens": [r["tokens"] for r in rows],
-            "base_rss_mb": base_rss, "peak_rss_mb": rss_mb()}
+            "base_rss_mb": base_rss, "peak_rss_mb": rss_mb(), "parts": parts}
 
 
 def worker_trl(a) -> dict:
@@ -270,7 +292,9 @@ def main(argv=None):
                     results[name] = None
                     continue
                 acc = results.setdefault(name, {"step_s": [], "step_cpu_s": [], "tokens": [], "peak_rss_mb": [],
-                                                "base_rss_mb": []})
+                                                "base_rss_mb": [], "parts": {}})
+                for k, v in r.get("parts", {}).items():
+                    acc["parts"].setdefault(k, []).extend(v)
                 for k in ("step_s", "step_cpu_s", "tokens"):
                     acc[k] += r[k]
                 acc["peak_rss_mb"].append(r["peak_rss_mb"])
@@ -297,6 +321,11 @@ def main(argv=None):
     if results.get("opct") and results.get("trl"):
         o, t = summary(results["opct"]), summary(results["trl"])
         print(f"opct / TRL tokens/s: {o[0] / t[0]:.2f}x wall-clock, {o[2] / t[2]:.2f}x CPU time")
+    if results.get("opct") and results["opct"]["parts"]:
+        step = statistics.median(results["opct"]["step_s"])
+        print("opct step, median s: " + ", ".join(
+            f"{k} {statistics.median(v):.3f} ({100 * statistics.median(v) / step:.0f}%)"
+            for k, v in results["opct"]["parts"].items() if v))
     if results.get("opct"):
         flops = model_flops_per_step(n_linear, a, s_len, t_len)
         achieved = flops / summary(results["opct"])[1]
