@@ -13,7 +13,8 @@ trainer does per step), in wall-clock seconds and in CPU seconds of the process 
 processes' load inflates far less); medians over all timed steps of all rounds are reported.
 
 Reported: response tokens trained per second for both and their ratio, peak RSS for both (and RSS after imports,
-before the model is loaded), and opct's achieved FLOP/s against a matmul peak measured in the same run. FLOPs are
+before the model is loaded), where opct's step goes (sampling, student forward, teacher forward, backward: medians
+of each part), and opct's achieved FLOP/s against a matmul peak measured in the same run. FLOPs are
 model FLOPs, 2 x (linear-layer parameters) per token per forward pass, backward 2x forward for activations
 (+2x for weights when they are trained); attention score FLOPs are left out, so this is an estimate.
 
