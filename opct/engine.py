@@ -25,10 +25,10 @@ caller falls back to `generate`.
 Memory: on the CPU, torch hands every large tensor back to the OS when it is freed, so a fresh one costs a page
 fault per 4 KiB on first touch (about 10x the cost of writing it again: ~4 ms for the default organism's folded
 weights, on every call). An `EnginePool` keeps the folded weights and the KV cache between calls; `HFPolicy` keeps
-one per policy on the CPU, for models up to `POOL_MAX_BYTES` of linear weights. The weights are still re-read and
-re-folded on every call (training changes them between calls, and some in-place edits are invisible to version
-counters); only their memory is reused. On a GPU the caching allocator already reuses memory, and a persistent copy
-would only add to peak memory, so no pool is used there.
+one per policy on the CPU, for models with up to `POOL_MAX_BYTES` of linear weights and for KV caches up to that
+size. The weights are still re-read and re-folded on every call (training changes them between calls, and some
+in-place edits are invisible to version counters); only their memory is reused. On a GPU the caching allocator
+already reuses memory, and a persistent copy would only add to peak memory, so no pool is used there.
 
 Batch layout: prompts are left-padded to width P; position ids count each row's real tokens from 0 (as `pack` and
 generate do); token t of the response sits at cache column P + t.
@@ -48,8 +48,8 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 # are copies of up to all linear weights. Past this many bytes of them a model is compute-bound anyway, and sampling
 # stays with generate(), which makes no copy.
 MAX_COPY_BYTES = 1 << 30
-# An `EnginePool` keeps those copies between calls only up to this size: past it the arithmetic dwarfs the page
-# faults the pool saves, and the copy would stay in memory for as long as the policy lives.
+# An `EnginePool` keeps those copies (and, separately, a KV cache) between calls only up to this size: past it the
+# arithmetic dwarfs the page faults the pool saves, and the memory would stay taken for as long as the policy lives.
 POOL_MAX_BYTES = 64 << 20
 
 
@@ -266,8 +266,11 @@ class LlamaEngine:
 
         def new_cache(n, name):
             shape = (n, self.n_kv, S, self.head_dim)
-            return [(_empty(self.pool, f"{name}.{i}.k", shape, self.dtype, dev),
-                     _empty(self.pool, f"{name}.{i}.v", shape, self.dtype, dev)) for i in range(len(self.layers))]
+            # a large batch's cache is not kept: the pool would hold it for as long as the policy lives
+            nbytes = 2 * len(self.layers) * n * self.n_kv * S * self.head_dim * self.embed_w.element_size()
+            pool = self.pool if nbytes <= POOL_MAX_BYTES else None
+            return [(_empty(pool, f"{name}.{i}.k", shape, self.dtype, dev),
+                     _empty(pool, f"{name}.{i}.v", shape, self.dtype, dev)) for i in range(len(self.layers))]
 
         # prefill: causal over real keys; a padding query attends to itself only (keeps its row finite)
         causal_P_P = torch.ones(P, P, dtype=torch.bool, device=dev).tril()

@@ -210,3 +210,24 @@ def test_the_policys_kept_memory_is_reused_and_still_sees_every_weight_edit():
     want = _forward_logprobs(model, prompts, second)
     for i, lp in enumerate(second.logprobs):
         assert torch.allclose(torch.tensor(lp), want[i, :len(lp)], atol=1e-4), i
+
+
+def test_the_pool_does_not_keep_a_large_batchs_kv_cache(monkeypatch):
+    """What the pool keeps is bounded by POOL_MAX_BYTES: a batch whose KV cache is larger gets fresh memory, which is
+    freed after the call, so one large evaluation batch does not stay in memory for the policy's lifetime."""
+    import opct.engine
+
+    tok = tiny_lm.make_tokenizer()
+    model = _lora(tiny_lm.make_model(tok, seed=7))
+    policy = HFPolicy(model, tok)
+    prompt = policy.render(tiny_lm.clean_q("sky"))
+    policy.sample([prompt] * 2, max_new_tokens=4)
+    store = policy._engine_pool._store
+    kv_sizes = {k: v.numel() for k, v in store.items() if k.endswith((".k", ".v"))}
+    assert kv_sizes  # a small batch's cache is kept
+    linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in model.modules()
+                       if isinstance(m, torch.nn.Linear))
+    monkeypatch.setattr(opct.engine, "POOL_MAX_BYTES", linear_bytes)  # the weights still fit, 256 rows' cache not
+    smp = policy.sample([prompt] * 256, max_new_tokens=4)
+    assert len(smp.response_ids) == 256
+    assert {k: v.numel() for k, v in store.items() if k.endswith((".k", ".v"))} == kv_sizes
