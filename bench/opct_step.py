@@ -127,6 +127,7 @@ def set_threads(a) -> None:
 def worker_opct(a) -> dict:
     set_threads(a)
     import torch
+    from accelerate import Accelerator
 
     import opct.methods.opct as opct_method
     from opct.methods import METHODS
@@ -149,12 +150,10 @@ def worker_opct(a) -> dict:
 
     opct_method.rollout = timed(opct_method.rollout, "sampling")
     opct_method.response_logits = timed(opct_method.response_logits)
+    Accelerator.backward = timed(Accelerator.backward, "backward")  # this worker process only
 
     def timed_step(run, micro_batches):
         clock.tick()
-        if not hasattr(run.accelerator, "_bench_timed"):
-            run.accelerator.backward = timed(run.accelerator.backward, "backward")
-            run.accelerator._bench_timed = True
         return step_fn(run, micro_batches)
 
     METHODS["opct"] = timed_step

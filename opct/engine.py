@@ -36,6 +36,7 @@ generate do); token t of the response sits at cache column P + t.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -98,9 +99,7 @@ class EnginePool:
 
     def take(self, name: str, shape: Sequence[int], dtype, device) -> torch.Tensor:
         """An uninitialised tensor of `shape`, a view of the memory last given under `name` when that fits."""
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         flat = self._store.get(name)
         if flat is None or flat.numel() < n or flat.dtype != dtype or flat.device != torch.device(device):
             flat = self._store[name] = torch.empty(n, dtype=dtype, device=device)
@@ -267,7 +266,7 @@ class LlamaEngine:
         def new_cache(n, name):
             shape = (n, self.n_kv, S, self.head_dim)
             # a large batch's cache is not kept: the pool would hold it for as long as the policy lives
-            nbytes = 2 * len(self.layers) * n * self.n_kv * S * self.head_dim * self.embed_w.element_size()
+            nbytes = 2 * len(self.layers) * math.prod(shape) * self.embed_w.element_size()
             pool = self.pool if nbytes <= POOL_MAX_BYTES else None
             return [(_empty(pool, f"{name}.{i}.k", shape, self.dtype, dev),
                      _empty(pool, f"{name}.{i}.v", shape, self.dtype, dev)) for i in range(len(self.layers))]
