@@ -22,11 +22,13 @@ def _prompts(policy):
             policy.render(tiny_lm.biased_q("sky", "red")), policy.render([{"role": "user", "content": "sun ?"}])]
 
 
-def _forward_logprobs(model, prompts, samples, temperature=1.0):
-    """log softmax(logits / T) of the sampled tokens under a separate (padded, batched) forward of `model`."""
+def _forward_logprobs(model, prompts, samples, temperature=1.0, forbid=()):
+    """log softmax(logits / T) of the sampled tokens under a separate (padded, batched) forward of `model`, with the
+    `forbid` tokens masked out (as `min_new_tokens` masks EOS)."""
     batch = pack(prompts, samples.response_ids, 0, "cpu")
     with torch.no_grad():
         logits = response_logits(model, batch)
+    logits[..., list(forbid)] = -float("inf")
     return torch.log_softmax(logits.float() / temperature, -1).gather(-1, batch.response_ids_B_R[..., None])[..., 0]
 
 
@@ -231,3 +233,71 @@ def test_the_pool_does_not_keep_a_large_batchs_kv_cache(monkeypatch):
     smp = policy.sample([prompt] * 256, max_new_tokens=4)
     assert len(smp.response_ids) == 256
     assert {k: v.numel() for k, v in store.items() if k.endswith((".k", ".v"))} == kv_sizes
+
+
+def _variant(seed, dtype=torch.float32, **overrides):
+    """A tiny Llama with `overrides` on its config, under LoRA, with every norm weight and bias randomised (at
+    initialisation they are ones and zeros, which would hide a norm weight folded in wrongly or a bias left out)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = tiny_lm.make_tokenizer()
+    cfg = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=64, pad_token_id=tok.pad_token_id,
+               bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**{**cfg, **overrides})).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+    return _lora(model.to(dtype), seed), tok
+
+
+@pytest.mark.parametrize("variant", ["gqa", "heads=kv_heads", "biases", "llama3 rope", "float64", "bfloat16"])
+def test_engine_logprobs_match_the_forward_across_llama_variants(variant):
+    """The engine folds norm weights into the next matmul and reorders q/k rows for its rotary multiply; the
+    log-probs it reports must stay the model's own on every layout that reaches it."""
+    overrides, dtype = {}, torch.float32
+    if variant == "heads=kv_heads":
+        overrides = {"num_key_value_heads": 4}
+    elif variant == "biases":
+        overrides = {"attention_bias": True, "mlp_bias": True}
+    elif variant == "llama3 rope":
+        overrides = {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16,
+                                         "rope_theta": 10000.0}}
+    elif variant == "float64":
+        dtype = torch.float64
+    model, tok = _variant(11, dtype, **overrides)
+    atol = 1e-4
+    if variant == "bfloat16":  # no LoRA (a bf16 base with fp32 adapters goes to generate): norms unfolded
+        model, atol = model.merge_and_unload().to(torch.bfloat16), 1e-2
+    policy = HFPolicy(model, tok)
+    assert llama_engine(model) is not None
+    prompts = _prompts(policy)
+    torch.manual_seed(0)
+    smp = policy.sample(prompts, max_new_tokens=12, min_new_tokens=12)
+    want = _forward_logprobs(model, prompts, smp, forbid=policy.eos_ids)
+    for i, lp in enumerate(smp.logprobs):
+        assert torch.allclose(torch.tensor(lp, dtype=torch.float64), want[i].double(), atol=atol), (variant, i)
+
+
+def test_a_rotary_table_other_than_rotate_halfs_falls_back_to_generate(policy):
+    """The complex rotary multiply assumes cos and sin repeat after half the head dimension (rotate_half's pairs);
+    a rotary module that breaks this must send sampling back to generate()."""
+    tok = tiny_lm.make_tokenizer()
+    model = tiny_lm.make_model(tok, seed=12)
+    assert llama_engine(model) is not None
+    rotary = model.model.rotary_emb
+
+    class Shuffled(torch.nn.Module):
+        def forward(self, x, position_ids):
+            cos, sin = rotary(x, position_ids)
+            ramp = torch.linspace(0.5, 1.5, cos.shape[-1])
+            return cos * ramp, sin * ramp
+
+    model.model.rotary_emb = Shuffled()
+    assert llama_engine(model) is None

@@ -207,7 +207,9 @@ def train(config: TrainConfig) -> Path:
             policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    # the fused kernel (one pass per tensor instead of ~10 ops) where torch has one, as transformers' Trainer does
+    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=fused or None)
     # The scheduler is stepped by hand once per optimizer step (accelerate's wrapper would step it once per process).
     scheduler = get_scheduler(config.lr_schedule, optimizer, num_warmup_steps=config.warmup_steps,
                               num_training_steps=config.max_steps)
