@@ -3,7 +3,7 @@ widths (a script, not a test): what part of sampling is per-op overhead and what
 
 Each model has 4 layers, 3 heads and the default organism's vocabulary size (734), with random weights. A decode
 step's time is (time to sample 33 tokens - time to sample 1) / 32, the median of 5 tries, at one intra-op thread.
-The narrowest width shows the overhead floor: its weights are tiny, so what remains is the ~85 torch ops per step.
+The narrowest width shows the overhead floor: its weights are tiny, so what remains is per-op overhead.
 
     python bench/decode_step.py [--rows 8 32] [--widths 48 96 192]
 """
