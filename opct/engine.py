@@ -49,6 +49,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from opct.activations import unwrap
+
 # rope types whose cos/sin depend only on the position (not on the current sequence length)
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 # The engine saves per-token Python overhead, which is what bounds small models; its fused (and LoRA-merged) weights
@@ -168,13 +170,6 @@ class _Layer:
     act: object
 
 
-def _innermost(model):
-    model = getattr(model, "module", model)  # DDP
-    if hasattr(model, "get_base_model"):  # peft
-        model = model.get_base_model()
-    return model
-
-
 def _foldable(norm: torch.nn.Module, dtype) -> bool:
     """A float32 LlamaRMSNorm: weight * x / sqrt(mean(x^2) + eps), whose weight can move into the next matmul."""
     return type(norm).__name__ == "LlamaRMSNorm" and dtype == torch.float32 and norm.weight.dtype == torch.float32
@@ -196,7 +191,7 @@ class LlamaEngine:
 
     @torch.no_grad()  # a snapshot: no graph back to the adapter weights
     def __init__(self, model, pool: EnginePool | None = None):
-        lm = _innermost(model)
+        lm = unwrap(model)
         cfg = lm.config
         if getattr(cfg, "model_type", None) != "llama" or getattr(cfg, "pretraining_tp", 1) != 1:
             raise Unsupported(f"model_type {getattr(cfg, 'model_type', None)!r}")

@@ -39,6 +39,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from opct.activations import unwrap
 from opct.engine import EnginePool, llama_engine
 from opct.errors import OpctError
 
@@ -119,17 +120,9 @@ def pack(prompts_ids: Sequence[list[int]], responses_ids: Sequence[list[int]], p
     return batch
 
 
-def _innermost(model):
-    """The plain transformers model under DDP / peft wrappers (only to inspect its forward signature)."""
-    model = getattr(model, "module", model)
-    if hasattr(model, "get_base_model"):
-        model = model.get_base_model()
-    return model
-
-
 def _last_logits(model, n: int, **kwargs):
     """The model's output, with logits for the last `n` columns only when the model can skip the others."""
-    if "logits_to_keep" in inspect.signature(_innermost(model).forward).parameters:
+    if "logits_to_keep" in inspect.signature(unwrap(model).forward).parameters:
         out = model(**kwargs, logits_to_keep=n)
         return out, out.logits
     out = model(**kwargs)
@@ -138,7 +131,7 @@ def _last_logits(model, n: int, **kwargs):
 
 def _can_share_prompts(model) -> bool:
     """The shared-prompt layout needs a custom 4D attention mask: the attention implementations that take one."""
-    impl = getattr(getattr(_innermost(model), "config", None), "_attn_implementation", None)
+    impl = getattr(getattr(unwrap(model), "config", None), "_attn_implementation", None)
     return impl in ("sdpa", "eager")
 
 
@@ -190,7 +183,7 @@ def _shared_prompt_logits(model, batch: PackedBatch) -> torch.Tensor:
     causal_L_L = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
     visible_L_L = causal_L_L & ((segment_L[None, :] == 0) | (segment_L[None, :] == segment_L[:, None]))
     allowed_U_L_L = (visible_L_L[None] & real_U_L[:, None, :]) | torch.eye(L, dtype=torch.bool, device=dev)[None]
-    if _innermost(model).config._attn_implementation == "sdpa":
+    if unwrap(model).config._attn_implementation == "sdpa":
         mask = allowed_U_L_L[:, None]
     else:  # eager attention adds the mask to the scores
         dtype = next(model.parameters()).dtype
