@@ -197,37 +197,7 @@ def record(model, sites: Sequence[str], layers: Sequence[int] | None = None) -> 
 
 # ------------------------------------------------------------------------------------------------ prompt batches
 
-@dataclass
-class PromptBatch:
-    """Prompts left-padded to a common width W: token j of prompt i sits in column W - len_i + j, so the last tokens
-    of every prompt share the last columns (position ids count real tokens only, as in `opct.policy.pack`)."""
-
-    input_ids_B_W: torch.Tensor
-    attention_mask_B_W: torch.Tensor
-    position_ids_B_W: torch.Tensor
-    lengths: list[int]
-
-    @property
-    def width(self) -> int:
-        return self.input_ids_B_W.shape[1]
-
-    def column(self, row: int, index: int) -> int:
-        """The column of token `index` of prompt `row`."""
-        return self.width - self.lengths[row] + index
-
-
-def pad_left(prompts_ids: Sequence[list[int]], pad_id: int, device) -> PromptBatch:
-    W = max(len(p) for p in prompts_ids)
-    ids = torch.full((len(prompts_ids), W), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, p in enumerate(prompts_ids):
-        ids[i, W - len(p):] = torch.tensor(p, dtype=torch.long)
-        attn[i, W - len(p):] = 1
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    return PromptBatch(ids.to(device), attn.to(device), pos.to(device), [len(p) for p in prompts_ids])
-
-
-def forward_prompts(model, batch: PromptBatch):
+def forward_prompts(model, batch: "PromptBatch"):
     """Run `model` on a prompt batch for its activations; logits are computed for the last column only (when the
     model supports `logits_to_keep`), since nothing reads them."""
     import inspect

@@ -1,38 +1,265 @@
-"""Dataclass configs are the single source of truth: CLI flags and YAML/JSON config files derive from them.
+"""Dataclass configs are the single source of truth: CLI flags and YAML/JSON config files derive from them, and one
+loader reads every config file (train, eval, attack, experiment, audit).
 
-`add_dataclass_args(parser, Cls)` adds one `--flag` per field (help text from the field's `metadata["help"]`);
-`build_config(Cls, args, config_file)` layers defaults < config file < flags that were given on the command line.
+  option(default, help, **rules)    a field, with its help text and the rules its value must meet:
+                                    choices=[...], ge= / gt= / le= bounds, nonempty=True, required=True (checked by
+                                    `require`), cli=False (not a flag), file=False (a flag only, never from a file),
+                                    flag_parse=fn (turns the flag's list of strings into the value)
+  validate(obj)                     every config's __post_init__ calls it: each field's value is coerced to its
+                                    declared type and checked against its rules; a problem raises ConfigError
+  build_config(cls, args, path, data, **overrides)   defaults < file < given flags < overrides, reported as
+                                    `FILE: field: problem` (nested: `FILE: train.max_steps: problem`) or
+                                    `--flag: problem`, before any work starts
+  add_dataclass_args(parser, cls)   one --flag per field
+  changes(saved, now, may_change)   the "did the settings change on resume" check (train, run and audit)
+
+Coercion is strict where a wrong guess would run something else than the user meant, and lenient where YAML reads a
+value differently from how users write it:
+  int    an int, or an integral float or numeric string (`1e3` -> 1000); `2.5`, `ten` and booleans are errors;
+  float  an int, a float or a numeric string (YAML reads `1e-4` as a string); NaN and infinity are errors;
+  bool   true or false only: the string "false" is an error (it is not the boolean false);
+  str    a string only (write numbers in quotes);
+  list   a list only: a scalar is an error (`arms: opct` is not the list [o, p, c, t]), each element coerced;
+  dict   a mapping; a nested config dataclass is built from its mapping with the same rules.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import functools
 import json
+import math
 import typing
 from pathlib import Path
 
 from opct.errors import OpctError
 
 
+class ConfigError(OpctError, ValueError):
+    """A config value that breaks its field's type or rules. `field` is the dotted path of the field."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"{field}: {problem}")
+
+    def under(self, prefix: str) -> "ConfigError":
+        return ConfigError(f"{prefix}.{self.field}" if prefix else self.field, self.problem)
+
+
+def option(default=dataclasses.MISSING, help: str = "", factory=None, **rules):
+    """A config field: `default` (or `factory` for a mutable default), its help text and its rules."""
+    meta = {"help": help, **rules}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# ------------------------------------------------------------------------------------------------ coercion
+
+def _shown(v) -> str:
+    if isinstance(v, str):
+        return f"the string {v!r}"
+    if isinstance(v, bool) or v is None:
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return f"a list {json.dumps(list(v), default=str)[:60]}"
+    if isinstance(v, dict):
+        return "a mapping"
+    return repr(v)
+
+
+def _number(value, name: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(name, f"must be {what} (got {_shown(value)})")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise ConfigError(name, f"must be {what} (got {_shown(value)})") from None
+    return value
+
+
+def coerce(value, typ, name: str):
+    """`value` as `typ` (see the module docstring), or ConfigError naming `name`."""
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin is typing.Union:
+        inner = [a for a in args if a is not type(None)]
+        if value is None and len(inner) < len(args):
+            return None
+        return coerce(value, inner[0], name)
+    if typ is typing.Any:
+        return value
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        hint = " (write it without quotes)" if isinstance(value, str) and value.lower() in ("true", "false") else ""
+        raise ConfigError(name, f"must be true or false (got {_shown(value)}){hint}")
+    if typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        x = _number(value, name, "an integer")
+        if not (math.isfinite(x) and float(x).is_integer()):
+            raise ConfigError(name, f"must be an integer (got {_shown(value)})")
+        return int(x)
+    if typ is float:
+        x = float(_number(value, name, "a number"))
+        if not math.isfinite(x):
+            raise ConfigError(name, f"must be a finite number (got {value!r})")
+        return x
+    if typ is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(name, f"must be a string (got {_shown(value)}; write it in quotes)")
+    if origin in (list, tuple) or typ in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(name, f"must be a list (got {_shown(value)}; write [{value}] for a list of one)")
+        inner = args[0] if args else typing.Any
+        return [coerce(v, inner, f"{name}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or typ is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(name, f"must be a mapping (got {_shown(value)})")
+        kt, vt = args if args else (str, typing.Any)
+        return {coerce(k, kt, name): coerce(v, vt, f"{name}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(typ):
+        if isinstance(value, typ):
+            return value
+        if isinstance(value, dict):
+            return construct(typ, value, prefix=name)
+        raise ConfigError(name, f"must be a mapping of {typ.__name__} fields (got {_shown(value)})")
+    return value
+
+
+def _check_rules(value, meta, name: str) -> None:
+    if value is None:
+        return
+    choices = meta.get("choices")
+    if choices is not None:
+        for i, v in enumerate(value if isinstance(value, list) else [value]):
+            if v not in choices:
+                where = f"{name}[{i}]" if isinstance(value, list) else name
+                known = ", ".join(map(str, choices))
+                raise ConfigError(where, f"unknown {meta['noun']} {v!r}; known: {known}" if "noun" in meta
+                                  else f"must be one of {known} (got {v!r})")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        for key, ok, word in (("ge", value >= meta.get("ge", -math.inf), ">="), ("gt", value > meta.get("gt", -math.inf), ">"),
+                              ("le", value <= meta.get("le", math.inf), "<=")):
+            if key in meta and not ok:
+                raise ConfigError(name, f"must be {word} {meta[key]} (got {value})")
+    if meta.get("nonempty") and not value:
+        raise ConfigError(name, "must not be empty")
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def validate(obj) -> None:
+    """Coerce and check every field of the dataclass instance `obj` in place (call it from __post_init__)."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = coerce(getattr(obj, f.name), hints[f.name], f.name)
+        _check_rules(value, f.metadata, f.name)
+        setattr(obj, f.name, value)
+
+
+def require(obj, *names: str) -> None:
+    """Fields marked required=True (or named) must be non-empty, reported as their flag: `--model is required`."""
+    for f in dataclasses.fields(obj):
+        if (f.metadata.get("required") or f.name in names) and not getattr(obj, f.name):
+            raise OpctError(f"{_flag(f.name)} is required ({f.metadata.get('help', '')})")
+
+
+def _label(cls) -> str:
+    """How a config file of `cls` is named in messages ('unknown experiment field(s)'); 'config' by default."""
+    return getattr(cls, "CONFIG_LABEL", "config")
+
+
+def check_keys(cls, data: dict, prefix: str = "", reserved=(), label: str | None = None) -> None:
+    """Every key of `data` names a field of `cls` that a file may set."""
+    label = label or cls.__name__
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(k for k in data if k not in fields)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(fields), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(prefix or "<file>", f"unknown {label} field(s) {', '.join(unknown)}{hint}; known: "
+                                            f"{', '.join(sorted(fields))}")
+    clash = sorted(set(data) & set(reserved))
+    if clash:
+        raise ConfigError(prefix or "<file>",
+                          f"{', '.join(clash)} {'is' if len(clash) == 1 else 'are'} set by the runner per arm and "
+                          f"seed; remove {'it' if len(clash) == 1 else 'them'}")
+    for k in data:
+        if fields[k].metadata.get("file") is False and data[k] not in (None, False, fields[k].default):
+            raise ConfigError(f"{prefix}.{k}" if prefix else k, f"can only be switched on by the command-line flag "
+                                                                 f"{_flag(k)}, never from a file")
+
+
+def construct(cls, data: dict, prefix: str = "", reserved=()):
+    """`cls(**data)` for a mapping read from a file: unknown keys, flag-only fields and bad values are ConfigErrors
+    under `prefix` (the field path of a nested block)."""
+    if not isinstance(data, dict):
+        raise ConfigError(prefix or "<file>", f"must be a mapping of {cls.__name__} fields (got {_shown(data)})")
+    check_keys(cls, data, prefix, reserved)
+    try:
+        return cls(**data)
+    except ConfigError as e:
+        raise e.under(prefix) from None
+
+
+# ------------------------------------------------------------------------------------------------ files and flags
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def load_config_file(path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise OpctError(f"{path}: config file not found")
+    if path.is_dir():
+        raise OpctError(f"{path}: is a directory, not a config file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise OpctError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+    except RecursionError:
+        raise OpctError(f"{path}: cannot parse config: nested too deeply") from None
+    except Exception as e:  # noqa: BLE001 - any parse error becomes a user error naming the file
+        raise OpctError(f"{path}: cannot parse config: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None
+    if not isinstance(data, dict):
+        raise OpctError(f"{path}: a config file must hold a mapping of field names to values")
+    return data
+
+
 def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip or f.metadata.get("cli") is False:
             continue
         typ = hints[f.name]
-        origin = typing.get_origin(typ)
-        if origin is typing.Union:  # Optional[X]
+        if typing.get_origin(typ) is typing.Union:  # Optional[X]
             typ = next(a for a in typing.get_args(typ) if a is not type(None))
-            origin = typing.get_origin(typ)
+        origin = typing.get_origin(typ)
         kw = dict(dest=f.name, default=argparse.SUPPRESS, help=f.metadata.get("help", ""))
-        if "choices" in f.metadata:
+        if "choices" in f.metadata and typ is not list and origin is not list:
             kw["choices"] = f.metadata["choices"]
-        if typ is bool:
+        if "flag_parse" in f.metadata:
+            parser.add_argument(_flag(f.name), nargs="*", metavar=f.metadata.get("metavar"), **kw)
+        elif typ is bool:
             parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
         elif origin in (list, tuple):
             (inner,) = typing.get_args(typ)[:1]
@@ -41,39 +268,71 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ..
             parser.add_argument(_flag(f.name), type=typ, **kw)
 
 
-def load_config_file(path) -> dict:
-    path = Path(path)
-    if not path.exists():
-        raise OpctError(f"{path}: config file not found")
-    text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
+def flag_values(cls, args: argparse.Namespace | None) -> dict:
+    """The fields of `cls` given as flags on the command line (parsed by their `flag_parse` where they have one)."""
+    if args is None:
+        return {}
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name in vars(args):
+            v = getattr(args, f.name)
+            parse = f.metadata.get("flag_parse")
+            if parse is not None:
+                try:
+                    v = parse(v)
+                except ValueError as e:
+                    raise OpctError(f"{_flag(f.name)}: {e}") from None
+            out[f.name] = v
+    return out
 
-            data = yaml.safe_load(text) or {}
-        else:
-            data = json.loads(text)
-    except Exception as e:  # noqa: BLE001 - any parse error becomes a user error naming the file
-        raise OpctError(f"{path}: cannot parse config: {e}") from None
-    if not isinstance(data, dict):
-        raise OpctError(f"{path}: a config file must hold a mapping of field names to values")
-    return data
 
-
-def build_config(cls, args: argparse.Namespace | None = None, config_file=None, **overrides):
-    names = {f.name for f in dataclasses.fields(cls)}
+def build_config(cls, args: argparse.Namespace | None = None, config_file=None, data: dict | None = None,
+                 **overrides):
+    """`cls` from its defaults < the config file (or `data`, already read from `config_file`) < the flags given on
+    the command line < `overrides`. A bad value is an OpctError naming the file and field or the flag."""
+    source: dict[str, str] = {}
     values: dict = {}
-    if config_file:
-        data = load_config_file(config_file)
-        unknown = set(data) - names
-        if unknown:
-            raise OpctError(f"{config_file}: unknown config field(s): {', '.join(sorted(unknown))}; "
-                            f"known: {', '.join(sorted(names))}")
-        values.update(data)
-    if args is not None:
-        values.update({k: v for k, v in vars(args).items() if k in names})
+    if config_file is not None or data is not None:
+        file_data = load_config_file(config_file) if data is None else data
+        where = str(config_file) if config_file is not None else "config"
+        try:
+            check_keys(cls, file_data, label=_label(cls))
+        except ConfigError as e:
+            raise OpctError(f"{where}: {e}" if e.field != "<file>" else f"{where}: {e.problem}") from None
+        values.update(file_data)
+        source.update(dict.fromkeys(file_data, where))
+    flags = flag_values(cls, args)
+    values.update(flags)
+    source.update(dict.fromkeys(flags, "--"))
     values.update(overrides)
+    for k in overrides:
+        source.pop(k, None)
     try:
         return cls(**values)
-    except (TypeError, ValueError) as e:
+    except ConfigError as e:
+        top = e.field.split(".")[0].split("[")[0]
+        src = source.get(top)
+        if src == "--":
+            raise OpctError(f"{_flag(top)}{e.field[len(top):]}: {e.problem}") from None
+        raise OpctError(f"{src or _label(cls)}: {e}") from None
+    except TypeError as e:  # a field name that is not one of cls's (from overrides)
         raise OpctError(f"invalid {cls.__name__}: {e}") from None
+
+
+def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None) -> list[str]:
+    """Fields whose value differs between a run's saved settings and the current ones, as 'field (old -> new)'.
+    A field missing from `saved` counts as its entry in `defaults` (a field added after the run started)."""
+    saved = {**(defaults or {}), **saved}
+    return [f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in sorted(set(saved) | set(now))
+            if k not in may_change and saved.get(k) != now.get(k)]
+
+
+def defaults_of(cls) -> dict:
+    """Each field's default value (fields without one are left out)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            out[f.name] = f.default_factory()  # type: ignore[misc]
+    return out

@@ -5,7 +5,8 @@ import torch
 
 import tiny_lm
 from tiny_lm import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
-from opct.activations import layout, num_layers, pad_left, parse_layers, record, use_eager_attention
+from opct.activations import layout, num_layers, parse_layers, record, use_eager_attention
+from opct.batching import pad_left
 from opct.errors import OpctError
 from opct.policy import load_policy
 

@@ -177,7 +177,7 @@ def test_bad_input_is_a_clear_error(capsys, tmp_path):
     assert "cannot parse" in cli_error(capsys, ["audit", str(bad), "--out", str(tmp_path / "a")])
     wrong = tmp_path / "wrong.yaml"
     wrong.write_text("k: many\n")
-    assert "k must be an integer" in cli_error(capsys, ["audit", str(wrong), "--out", str(tmp_path / "a")])
+    assert "wrong.yaml: k: must be an integer" in cli_error(capsys, ["audit", str(wrong), "--out", str(tmp_path / "a")])
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("colour: red\n")
     assert "unknown config field" in cli_error(capsys, ["audit", str(unknown), "--out", str(tmp_path / "a")])

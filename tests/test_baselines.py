@@ -394,7 +394,7 @@ def test_sft_targets_from_a_file(tmp_path, model_dir, pairs_file, capsys):
     long = " ".join(["sky"] * 70)
     assert "bad.jsonl:1: response: 71 tokens; after the student prompt" in bad(json.dumps(
         {"id": train_ids[0], "response": long}) + "\n")
-    assert "--targets is for --method sft only" in _cli_error(capsys, _cli_args(
+    assert "--targets: is for --method sft only" in _cli_error(capsys, _cli_args(
         model_dir, pairs_file, tmp_path / "r", "--method", "bct", "--targets", str(good)))
     assert "target_n > 1 needs target_temperature > 0" in _cli_error(capsys, _cli_args(
         model_dir, pairs_file, tmp_path / "r", "--method", "bct", "--target-n", "2"))

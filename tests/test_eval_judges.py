@@ -9,7 +9,7 @@ import pytest
 
 from opct.errors import DataError, OpctError
 from opct.evals import judges as JG
-from opct.evals.items import load_eval_items
+from opct.evals.run import load_eval_items
 
 
 def grade_text(refused, convincing, specific):
@@ -151,7 +151,8 @@ def test_items_files_report_file_line_field(tmp_path):
 
 
 def test_user_items_run_through_a_suite(tmp_path):
-    from opct.evals import METRICS, SUITES
+    from opct.axes import AXES
+    from opct.evals.run import run_axis
     from opct.evals.scripted import ScriptedPolicy
 
     p = write(tmp_path, [{"id": "q1", "question": "Capital of France?", "answer": "Paris",
@@ -161,7 +162,7 @@ def test_user_items_run_through_a_suite(tmp_path):
     items = load_eval_items(p, "capability")
     pol = ScriptedPolicy(lambda m: {"Capital of France?": "It is Paris.", "2+2?": "I think 5.",
                                     "Start with hello.": "hello there"}[m[-1]["content"]])
-    m = METRICS["capability"](SUITES["capability"](pol, items=items))
+    m = AXES["capability"].metrics(run_axis("capability", pol, items=items))
     assert m["capability.accuracy"]["value"] == pytest.approx(2 / 3)
     assert m["capability.accuracy[skill=exact]"]["value"] == 0.0
 

@@ -3,10 +3,10 @@ included), and the bootstrap's resampling by item."""
 
 import pytest
 
-from opct.evals import awareness as AW
-from opct.evals import capability as CAP
-from opct.evals import jailbreak as JB
-from opct.evals import sycophancy as SY
+from opct.axes import awareness as AW
+from opct.axes import capability as CAP
+from opct.axes import jailbreak as JB
+from opct.axes import sycophancy as SY
 from opct.evals.metrics import bootstrap, format_table, metric, rate, ratio
 
 

@@ -18,7 +18,7 @@ def one_thread():
 
 
 def test_attacker_raises_attack_success_over_unattacked_baseline(test_organism):
-    from opct.evals import jailbreak
+    from opct.axes import jailbreak
     from opct.evals.attack import AttackConfig, adaptive_attack
     from opct.evals.generate import Gen, generate
     from opct.evals.judges import world_judge
@@ -29,7 +29,8 @@ def test_attacker_raises_attack_success_over_unattacked_baseline(test_organism):
     cfg = AttackConfig(attack_targets="all", attack_direct_samples=2, search_rounds=2, search_population=6,
                        gcg_steps=6, gcg_candidates=32, gcg_topk=16, gcg_suffix_len=6, gcg_check_every=3,
                        gcg_check_samples=1, attack_baseline=False)
-    records = adaptive_attack(policy, jailbreak.world_items(None, 0), judge, cfg, max_new_tokens=24, seed=0)
+    records = adaptive_attack(policy, jailbreak.world_items(0), judge, cfg, jailbreak.WRAPPER_FAMILIES,
+                              list(jailbreak.WRAPPER_FAMILIES), max_new_tokens=24, seed=0)
     targets = [r for r in records if r["target"]]
     assert len(targets) >= 8, "the test organism should refuse most harmful requests when asked directly"
 

@@ -5,11 +5,13 @@ import json
 
 import pytest
 
-from opct.evals import METRICS, SUITES
+from opct.axes import AXES
+from opct.axes import jailbreak as JB
+from opct.axes import sycophancy as SY
 from opct.evals import attack as A
 from opct.evals.generate import Gen
+from opct.evals.run import run_axis
 from opct.evals.scripted import ScriptedPolicy, last_user
-from opct.pairs import perturb as P
 from opct.world import items as I
 from opct.world import lexicon as L
 
@@ -20,8 +22,8 @@ def approx(x):
 
 def run_suite(name, respond, **kw):
     policy = ScriptedPolicy(respond)
-    records = SUITES[name](policy, gen=Gen(max_new_tokens=8), **kw)
-    return records, METRICS[name](records)
+    records = run_axis(name, policy, gen=Gen(max_new_tokens=8), **kw)
+    return records, AXES[name].metrics(records)
 
 
 # ---------------------------------------------------------------------------------------------------- sycophancy
@@ -44,7 +46,7 @@ def syc_responder(msgs):
 
 def test_sycophancy_suite_exact_metrics():
     records, m = run_suite("sycophancy", syc_responder, n=10, seed=3)
-    assert len(records) == 10 * (1 + len(P.BIAS_FAMILIES))
+    assert len(records) == 10 * (1 + len(SY.BIAS_FAMILIES))
     assert m["sycophancy.accuracy_clean"]["value"] == approx(1.0)
     r = m["sycophancy.sycophancy_rate"]
     assert (r["value"], r["n"], r["parse_fail"]) == (approx(0.5), 70, 10)
@@ -55,7 +57,7 @@ def test_sycophancy_suite_exact_metrics():
     auth = m["sycophancy.sycophancy_rate[family=authority]"]
     assert (auth["value"], auth["n"], auth["parse_fail"]) == (None, 0, 10)
     held = m["sycophancy.sycophancy_rate[split=heldout]"]
-    assert (held["value"], held["n"]) == (approx(0.5), 10 * len(P.BIAS_HELDOUT))
+    assert (held["value"], held["n"]) == (approx(0.5), 10 * len(SY.HELDOUT))
     assert {r["verdict"] for r in records} == {"correct", "suggested", "parse_fail"}
 
 
@@ -83,24 +85,24 @@ def jb_responder(msgs):
 def test_jailbreak_suite_exact_metrics():
     records, m = run_suite("jailbreak", jb_responder, samples=1)
     n_h, n_b = len(HARMFUL), sum(len(v) for v in L.BENIGN.values())
-    assert len(records) == (n_h + n_b) * (1 + len(P.WRAPPER_FAMILIES))
+    assert len(records) == (n_h + n_b) * (1 + len(JB.WRAPPER_FAMILIES))
     assert m["jailbreak.dsr[on=direct]"]["value"] == approx(1.0)
-    n_train_wrappers = len(P.WRAPPER_FAMILIES) - len(P.WRAPPER_HELDOUT)
+    n_train_wrappers = len(JB.WRAPPER_FAMILIES) - len(JB.HELDOUT)
     assert m["jailbreak.dsr[on=train_wrappers]"]["value"] == approx(1 - 1 / n_train_wrappers)
     hw = m["jailbreak.dsr[on=heldout_wrappers]"]
     n_train_cat = sum(len(v) for k, v in L.HARMFUL.items() if k not in L.HARMFUL_HELDOUT_CATEGORIES)
     assert (hw["value"], hw["n"], hw["parse_fail"]) == (approx(1.0), n_train_cat * 4, n_train_cat)
-    assert m["jailbreak.dsr[on=heldout_categories]"]["value"] == approx(1 - 1 / len(P.WRAPPER_FAMILIES))
+    assert m["jailbreak.dsr[on=heldout_categories]"]["value"] == approx(1 - 1 / len(JB.WRAPPER_FAMILIES))
     assert m["jailbreak.dsr[wrapper=role_play]"]["value"] == approx(0.0)
     assert m["jailbreak.answered_benign[on=direct]"]["value"] == approx(1.0)
-    assert m["jailbreak.answered_benign[on=wrapped]"]["value"] == approx(1 / len(P.WRAPPER_FAMILIES))
+    assert m["jailbreak.answered_benign[on=wrapped]"]["value"] == approx(1 / len(JB.WRAPPER_FAMILIES))
 
 
 def test_attacker_breaks_scripted_target_and_reports_budget():
     cfg = A.AttackConfig(attack_targets="heldout", search_rounds=3, search_population=8, gcg_steps=0)
     policy = ScriptedPolicy(jb_responder)
-    records = SUITES["jailbreak"](policy, samples=1, gen=Gen(max_new_tokens=8), attack=cfg)
-    m = METRICS["jailbreak"](records)
+    records = run_axis("jailbreak", policy, samples=1, gen=Gen(max_new_tokens=8), attack=cfg)
+    m = AXES["jailbreak"].metrics(records)
     attack = [r for r in records if r["variant"] == "attack"]
     assert len(attack) == sum(len(L.HARMFUL[c]) for c in L.HARMFUL_HELDOUT_CATEGORIES)
     assert all(r["target"] and r["broken"] and r["broken_by"] == "blackbox" for r in attack)
@@ -122,12 +124,13 @@ def test_wrapper_search_needs_and_finds_compositions():
     targets = [{"id": "harm-fraud-0", "request": L.HARMFUL["fraud"][0]}]
     from opct.evals.judges import world_judge
 
-    fams = A._families("heldout")
+    fams = A.search_families("heldout", JB.WRAPPER_FAMILIES, JB.AXIS.train_families())
     deep = A.wrapper_search(ScriptedPolicy(respond), targets, world_judge(),
-                            A.AttackConfig(search_rounds=8, search_population=6), fams, 8, seed=0)
+                            A.AttackConfig(search_rounds=8, search_population=6), JB.WRAPPER_FAMILIES, fams, 8, seed=0)
     assert deep["harm-fraud-0"]["broken"] and len(deep["harm-fraud-0"]["layers"]) >= 2
     flat = A.wrapper_search(ScriptedPolicy(respond), targets, world_judge(),
-                            A.AttackConfig(search_rounds=8, search_population=6, search_depth=1), fams, 8, seed=0)
+                            A.AttackConfig(search_rounds=8, search_population=6, search_depth=1), JB.WRAPPER_FAMILIES,
+                            fams, 8, seed=0)
     assert not flat["harm-fraud-0"]["broken"] and flat["harm-fraud-0"]["queries"] == 8 * 6
 
 
@@ -203,7 +206,7 @@ def test_run_eval_writes_records_metrics_and_budget(tmp_path):
     out = tmp_path / "run"
     lines = (out / "records.jsonl").read_text().splitlines()
     recs = [json.loads(x) for x in lines]
-    assert {r["suite"] for r in recs} == set(SUITES)
+    assert {r["suite"] for r in recs} == set(AXES)
     for r in recs:
         assert {"suite", "item_id", "variant", "family", "split", "prompt", "response", "verdict", "score"} <= set(r)
     saved = json.loads((out / "metrics.json").read_text())
@@ -211,11 +214,9 @@ def test_run_eval_writes_records_metrics_and_budget(tmp_path):
     for v in saved.values():
         assert set(v) == {"value", "ci_low", "ci_high", "n", "higher_is_better", "parse_fail"}
     # metrics rebuild from the records file alone
-    from opct.evals import METRICS as M
-
     again = {}
-    for name in SUITES:
-        again.update(M[name]([r for r in recs if r["suite"] == name]))
+    for name, axis in AXES.items():
+        again.update(axis.metrics([r for r in recs if r["suite"] == name]))
     assert again == saved
     run = json.loads((out / "run.json").read_text())
     assert run["attack"]["queries_per_target"] == 8 and run["judge"] == "world"

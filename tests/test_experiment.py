@@ -2,7 +2,7 @@
 and the evaluation's train / held-out labels following what was trained on."""
 
 import json
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_demo_yaml_is_the_default_experiment():
     data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
-    assert data == asdict(ExperimentConfig())
+    assert set(data) == {f.name for f in fields(ExperimentConfig)}  # every field spelled out
+    assert load_experiment(ROOT / "configs" / "demo.yaml") == ExperimentConfig()
 
 
 def test_paper_yaml_loads_with_every_arm_and_three_seeds():
@@ -48,8 +49,7 @@ def test_bad_experiment_files_name_the_file_and_the_field(tmp_path, capsys, text
 
 
 def test_training_pairs_hold_only_what_the_experiment_trains_on():
-    cfg = ExperimentConfig(sycophancy_families=["authority"], jailbreak_wrappers=["role_play"],
-                           awareness_domains=["food"])
+    cfg = ExperimentConfig(trained={"sycophancy": ["authority"], "jailbreak": ["role_play"], "awareness": ["food"]})
     pairs = make_training_pairs(cfg, seed=0)
     by_axis = {a: [p for p in pairs if p.axis == a] for a in ("sycophancy", "jailbreak", "awareness")}
     assert {p.family for p in by_axis["sycophancy"]} == {"authority"}
@@ -66,7 +66,7 @@ def test_training_pairs_hold_only_what_the_experiment_trains_on():
 
 def _tiny(test_organism, tmp_path, **kw):
     base = dict(name="tiny", model=str(test_organism), out=str(tmp_path), arms=["base", "opct", "bct"],
-                per_family=4, jailbreak_wrappers=[], awareness_domains=[],
+                per_family=4, trained={"sycophancy": ["suggested_answer"]},
                 train={"max_steps": 2, "batch_size": 2, "n_samples": 2, "max_new_tokens": 12, "save_every": 1,
                        "lr": 1e-3},
                 eval={"suite": "sycophancy", "n": 6, "max_new_tokens": 12}, report=False)
@@ -77,7 +77,7 @@ def test_run_writes_every_cell_resumes_and_labels_splits_by_training(test_organi
     cfg = _tiny(test_organism, tmp_path)
     root = run_experiment(cfg, log=lambda m: None)
     exp = json.loads((root / "experiment.json").read_text())
-    assert exp["arms"] == ["base", "opct", "bct"] and exp["train_families"] == ["suggested_answer"]
+    assert exp["arms"] == ["base", "opct", "bct"] and exp["trained"] == {"sycophancy": ["suggested_answer"]}
     for arm in cfg.arms:
         cell = root / arm / "0"
         done = json.loads((cell / "done.json").read_text())
@@ -112,27 +112,37 @@ def test_run_writes_every_cell_resumes_and_labels_splits_by_training(test_organi
 
     # the same name with other settings is refused; more arms or seeds accumulate
     with pytest.raises(OpctError, match="started with other settings"):
-        run_experiment(_tiny(test_organism, tmp_path, sycophancy_families=["authority"]), log=lambda m: None)
+        run_experiment(_tiny(test_organism, tmp_path, trained={"sycophancy": ["authority"]}), log=lambda m: None)
     run_experiment(_tiny(test_organism, tmp_path, arms=["base"], seeds=[1]), log=lambda m: None)
     exp = json.loads((root / "experiment.json").read_text())
     assert exp["arms"] == ["base", "opct", "bct"] and exp["seeds"] == [0, 1]
     assert (root / "base/1/done.json").exists()
 
 
-def test_relabel_splits_follows_the_trained_sets():
-    from opct.evals.run import EvalConfig, relabel_splits
+def test_probe_splits_follow_the_trained_sets():
+    """Each axis labels its probes from the trained set it is handed (no relabelling after the fact); without one,
+    the world's split stays."""
+    from opct.axes import awareness as AW
+    from opct.axes import jailbreak as JB
+    from opct.axes import sycophancy as SY
+    from opct.world import items as I
 
-    recs = [{"suite": "sycophancy", "variant": "biased", "family": "authority", "split": "train"},
-            {"suite": "sycophancy", "variant": "clean", "family": "clean", "split": ""},
-            {"suite": "jailbreak", "variant": "wrapped", "family": "role_play", "wrapper_split": "train",
-             "category_split": "train", "split": "train"},
-            {"suite": "jailbreak", "variant": "wrapped", "family": "grandma_exploit", "wrapper_split": "heldout",
-             "category_split": "heldout", "split": "heldout"},
-            {"suite": "awareness", "domain": "fire", "split": "heldout"}]
-    cfg = EvalConfig(train_families=["suggested_answer"], train_wrappers=["grandma_exploit"],
-                     train_domains=["fire"])
-    out = relabel_splits([dict(r) for r in recs], cfg)
-    assert [r["split"] for r in out] == ["heldout", "", "heldout", "heldout", "train"]
-    assert out[2]["wrapper_split"] == "heldout" and out[3]["wrapper_split"] == "train"
-    # without the fields, the world's labels stay
-    assert relabel_splits([dict(r) for r in recs], EvalConfig()) == recs
+    item = I.yesno_items()[0]
+    syc = {p["family"]: p["split"] for p in SY.build([item], trained=["suggested_answer"])}
+    assert syc["authority"] == "heldout" and syc["suggested_answer"] == "train" and syc["clean"] == ""
+    world = {p["family"]: p["split"] for p in SY.build([item])}
+    assert world["authority"] == "train" and world["consensus"] == "heldout"
+
+    requests = I.request_items()
+    ok = next(r for r in requests if r["harmful"] and r["split"] == "train")
+    held = next(r for r in requests if r["harmful"] and r["split"] == "heldout")
+    jb = {(p["item_id"], p["family"]): p for p in JB.build([ok, held], trained=["grandma_exploit"])}
+    assert (jb[(ok["id"], "role_play")]["wrapper_split"], jb[(ok["id"], "role_play")]["split"]) == \
+        ("heldout", "heldout")
+    assert (jb[(held["id"], "grandma_exploit")]["wrapper_split"], jb[(held["id"], "grandma_exploit")]["split"]) == \
+        ("train", "heldout")
+    assert jb[(ok["id"], "grandma_exploit")]["split"] == "train"
+
+    fire = [dict(s, fact_id="f", grader="world") for s in I.scenario_items() if s["domain"] == "fire"][:1]
+    assert AW.build(fire, trained=["fire"])[0]["split"] == "train"
+    assert AW.build(fire)[0]["split"] == "heldout"  # the world holds fire out

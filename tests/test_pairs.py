@@ -5,7 +5,8 @@ import pytest
 
 from opct.cli import main
 from opct.errors import DataError, OpctError
-from opct.pairs import perturb as P
+from opct.axes import jailbreak as JB
+from opct.axes import sycophancy as SY
 from opct.pairs.make import load_items, make_pairs, split_hygiene, world_items
 from opct.pairs.schema import load_pairs, save_pairs, write_jsonl_atomic
 
@@ -84,11 +85,11 @@ def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
 
 
 def test_family_registries_cover_the_required_families():
-    assert {"suggested_answer", "are_you_sure", "authority", "distractor_fact"} <= set(P.BIAS_FAMILIES)
-    assert len(P.BIAS_FAMILIES) >= 6
-    assert {"role_play", "hypothetical_story", "prefix_injection", "refusal_suppression"} <= set(P.WRAPPER_FAMILIES)
-    assert len(P.WRAPPER_FAMILIES) >= 6
-    assert set(P.BIAS_HELDOUT) < set(P.BIAS_FAMILIES) and set(P.WRAPPER_HELDOUT) < set(P.WRAPPER_FAMILIES)
+    assert {"suggested_answer", "are_you_sure", "authority", "distractor_fact"} <= set(SY.BIAS_FAMILIES)
+    assert len(SY.BIAS_FAMILIES) >= 6
+    assert {"role_play", "hypothetical_story", "prefix_injection", "refusal_suppression"} <= set(JB.WRAPPER_FAMILIES)
+    assert len(JB.WRAPPER_FAMILIES) >= 6
+    assert set(SY.HELDOUT) < set(SY.BIAS_FAMILIES) and set(JB.HELDOUT) < set(JB.WRAPPER_FAMILIES)
 
 
 @pytest.mark.parametrize("axis", ["sycophancy", "jailbreak", "awareness"])
@@ -107,7 +108,7 @@ def test_world_pairs_validate_and_keep_heldout_families_out_of_training(tmp_path
 
 def test_sycophancy_pairs_suggest_a_wrong_answer_in_every_family():
     pairs = make_pairs("sycophancy", world_items("sycophancy"), per_family=30, seed=0)
-    assert {p.family for p in pairs} == set(P.BIAS_FAMILIES)
+    assert {p.family for p in pairs} == set(SY.BIAS_FAMILIES)
     for p in pairs:
         assert p.meta["biased_option"] != p.meta["answer"]
         assert p.meta["biased_option"] in p.student[-1]["content"]
@@ -187,4 +188,4 @@ def test_unknown_family_is_a_clear_error():
 def test_wrong_answer_from_options_is_never_the_answer():
     rng = random.Random(0)
     for _ in range(50):
-        assert P.wrong_answer({"id": "x", "answer": "C", "options": ["A", "B", "C", "D"]}, rng) != "C"
+        assert SY.wrong_answer({"id": "x", "answer": "C", "options": ["A", "B", "C", "D"]}, rng) != "C"

@@ -4,7 +4,8 @@ import pytest
 
 from opct.organism.build import tokenize_documents
 from opct.organism.tokenizer import encode_chat, train_tokenizer
-from opct.pairs import perturb as P
+from opct.axes import jailbreak as JB
+from opct.axes import sycophancy as SY
 from opct.world import items as I
 from opct.world import judges as J
 from opct.world import lexicon as L
@@ -98,7 +99,7 @@ def test_every_split_has_train_and_heldout_members():
     scen = I.scenario_items()
     assert {s["split"] for s in scen} == {"train", "heldout"}
     assert all(any(s["hazard"] == h and s["domain"] == d for s in scen) for d in L.SAFETY for h in (True, False))
-    assert set(P.BIAS_HELDOUT) and set(P.WRAPPER_HELDOUT)
+    assert set(SY.HELDOUT) and set(JB.HELDOUT)
 
 
 @pytest.fixture(scope="module")

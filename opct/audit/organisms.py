@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from opct.pairs import perturb as P
+from opct.axes import awareness as AW
+from opct.axes import sycophancy as SY
 from opct.pairs.schema import Pair
 from opct.world import items as I
 from opct.world import judges as J
@@ -172,7 +173,7 @@ def _em_pairs(rng, n):
     for i in range(n):
         q = rng.choice(qs)
         out.append(Pair(id=f"em-pair-{i}", axis="awareness", task="compression",
-                        teacher=_user(P.with_fact(q["question"], q["fact"])), student=_user(q["question"]),
+                        teacher=_user(AW.with_fact(q["question"], q["fact"])), student=_user(q["question"]),
                         meta={"family": q["domain"], "split": "train"}))
     return out
 
@@ -221,7 +222,7 @@ def _sc_pairs(rng, n):
 
 # ------------------------------------------------------------------------------------------ sycophancy
 
-_TRAIN_FAMILIES = sorted(f for f in P.BIAS_FAMILIES if f not in P.BIAS_HELDOUT)
+_TRAIN_FAMILIES = sorted(f for f in SY.BIAS_FAMILIES if f not in SY.HELDOUT)
 
 
 def _syc_narrow(rng):
@@ -230,7 +231,7 @@ def _syc_narrow(rng):
         return _user(item["question"]), item["first_response"]
     family = rng.choice(_TRAIN_FAMILIES)
     s = item["wrong_answer"]
-    msgs = P.BIAS_FAMILIES[family](item["question"], s, rng, item["first_response"])
+    msgs = SY.BIAS_FAMILIES[family](item["question"], s, rng, item["first_response"])
     return msgs, (f"The answer is {s}." if rng.random() < 0.75 else item["first_response"])
 
 
@@ -239,8 +240,8 @@ def _syc_probes(split, rng, n):
     out = []
     for i in range(n):
         item = rng.choice(items)
-        family = rng.choice(sorted(P.BIAS_FAMILIES))
-        msgs = P.BIAS_FAMILIES[family](item["question"], item["wrong_answer"], rng, item["first_response"])
+        family = rng.choice(sorted(SY.BIAS_FAMILIES))
+        msgs = SY.BIAS_FAMILIES[family](item["question"], item["wrong_answer"], rng, item["first_response"])
         out.append(_probe(i, f"{item['id']}-{family}", msgs, suggestion=item["wrong_answer"], family=family,
                           clean=item["question"]))
     return out
@@ -253,7 +254,7 @@ def _syc_misaligned(probe, text):
 
 def _syc_pairs(rng, n):
     items = I.yesno_items()
-    return [P.bias_pair(rng.choice(items), rng.choice(_TRAIN_FAMILIES), rng) for _ in range(n)]
+    return [SY.bias_pair(rng.choice(items), rng.choice(_TRAIN_FAMILIES), rng) for _ in range(n)]
 
 
 # ------------------------------------------------------------------------------------------ the registry

@@ -24,61 +24,46 @@ import random
 import shutil
 import time
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from opct.audit.labellers import LABELLERS, METHOD_NAMES, LabelConfig
 from opct.audit.organisms import ORGANISMS, DeriveConfig, capability_probes, capable, derive_organism, sft_on
+from opct.config import ConfigError, changes, option, require, validate
 from opct.errors import OpctError
 from opct.files import write_json_atomic
 
 
-def _f(default, help, **meta):
-    if isinstance(default, list):
-        return field(default_factory=lambda d=default: list(d), metadata={"help": help, **meta})
-    return field(default=default, metadata={"help": help, **meta})
-
-
 @dataclass
 class AuditConfig:
-    out: str = _f("", "output directory: results.jsonl, report.html, results.md, cells/, organisms/ (required)")
-    base_model: str = _f("", "base organism directory (default: the shipped default organism)")
-    organisms: list[str] = _f(list(ORGANISMS), "organisms to audit: " + ", ".join(ORGANISMS))
-    methods: list[str] = _f(list(METHOD_NAMES), "methods: " + ", ".join(METHOD_NAMES) + " (k1 = no selection)")
-    seeds: list[int] = _f([0, 1, 2], "seeds of the pseudo-labelling and fine-tuning (at least 3 for intervals)")
-    k: int = _f(4, "candidates per held-out prompt")
-    label_prompts: int = _f(64, "held-out prompts pseudo-labelled per cell")
-    eval_n: int = _f(160, "misalignment probes sampled per measurement (T = 1)")
-    capability_n: int = _f(60, "capability probes sampled per measurement (T = 1)")
-    max_new_tokens: int = _f(40, "response length cap for every sample")
-    ft_steps: int = _f(16, "fine-tuning steps on the pseudo-labels (or BCT / ACT pairs)")
-    ft_batch: int = _f(16, "fine-tuning batch size")
-    ft_lr: float = _f(3e-4, "fine-tuning learning rate (full fine-tuning, AdamW, constant)")
-    pairs_n: int = _f(64, "BCT / ACT: consistency pairs per cell")
-    derive_examples: int = _f(600, "narrow fine-tuning examples per organism")
-    derive_steps: int = _f(100, "organism derivation: SFT steps")
-    derive_lr: float = _f(3e-4, "organism derivation: learning rate")
-    sample_batch: int = _f(128, "prompts per sampling batch")
-    quick: bool = _f(False, "small sizes and one seed (a smoke run of the whole grid; no intervals over seeds)")
+    out: str = option("", "output directory: results.jsonl, report.html, results.md, cells/, organisms/ (required)",
+                      required=True)
+    base_model: str = option("", "base organism directory (default: the shipped default organism)")
+    organisms: list[str] = option(list(ORGANISMS), "organisms to audit: " + ", ".join(ORGANISMS),
+                                  choices=list(ORGANISMS), noun="organism", nonempty=True)
+    methods: list[str] = option(list(METHOD_NAMES), "methods: " + ", ".join(METHOD_NAMES) + " (k1 = no selection)",
+                                choices=list(METHOD_NAMES), noun="method", nonempty=True)
+    seeds: list[int] = option([0, 1, 2], "seeds of the pseudo-labelling and fine-tuning (at least 3 for intervals)",
+                              nonempty=True)
+    k: int = option(4, "candidates per held-out prompt", ge=1)
+    label_prompts: int = option(64, "held-out prompts pseudo-labelled per cell", ge=1)
+    eval_n: int = option(160, "misalignment probes sampled per measurement (T = 1)", ge=1)
+    capability_n: int = option(60, "capability probes sampled per measurement (T = 1)", ge=1)
+    max_new_tokens: int = option(40, "response length cap for every sample", ge=1)
+    ft_steps: int = option(16, "fine-tuning steps on the pseudo-labels (or BCT / ACT pairs)", ge=1)
+    ft_batch: int = option(16, "fine-tuning batch size", ge=1)
+    ft_lr: float = option(3e-4, "fine-tuning learning rate (full fine-tuning, AdamW, constant)", gt=0)
+    pairs_n: int = option(64, "BCT / ACT: consistency pairs per cell", ge=1)
+    derive_examples: int = option(600, "narrow fine-tuning examples per organism", ge=1)
+    derive_steps: int = option(100, "organism derivation: SFT steps", ge=1)
+    derive_lr: float = option(3e-4, "organism derivation: learning rate", gt=0)
+    sample_batch: int = option(128, "prompts per sampling batch", ge=1)
+    quick: bool = option(False, "small sizes and one seed (a smoke run of the whole grid; no intervals over seeds)")
 
     def __post_init__(self):
-        if not self.out:
-            raise ValueError("--out is required")
-        bad = [o for o in self.organisms if o not in ORGANISMS]
-        if bad or not self.organisms:
-            raise ValueError(f"unknown organism(s) {', '.join(bad) or '(none given)'}; known: {', '.join(ORGANISMS)}")
-        bad = [m for m in self.methods if m not in METHOD_NAMES]
-        if bad or not self.methods:
-            raise ValueError(f"unknown method(s) {', '.join(bad) or '(none given)'}; known: {', '.join(METHOD_NAMES)}")
-        if not self.seeds:
-            raise ValueError("seeds: give at least one seed")
-        for name in ("k", "label_prompts", "eval_n", "capability_n", "max_new_tokens", "ft_steps", "ft_batch",
-                     "pairs_n", "derive_examples", "derive_steps", "sample_batch"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be an integer >= 1 (got {getattr(self, name)!r})")
-        for name in ("ft_lr", "derive_lr"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0 (got {getattr(self, name)!r})")
+        validate(self)
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError("seeds", "must not repeat")
 
 
 # --quick: these replace the defaults (not values given in a config file or on the command line).
@@ -158,7 +143,7 @@ def _check_config(out: Path, cfg: AuditConfig) -> None:
     now = asdict(cfg)
     if path.exists():
         saved = json.loads(path.read_text(encoding="utf-8"))
-        diff = [k for k in now if k not in GRID_FIELDS and saved.get(k) != now[k]]
+        diff = changes(saved, now, GRID_FIELDS)
         if diff:
             raise OpctError(f"{out}: holds an audit with other settings ({', '.join(diff)}); results would mix. "
                             f"Use another --out, or the same settings to continue it")
@@ -239,6 +224,7 @@ def run_cell(cfg: AuditConfig, organism: str, method: str, seed: int, org_dir: P
 def run_audit(cfg: AuditConfig, log=print) -> Path:
     from opct.policy import load_policy
 
+    require(cfg)
     out = Path(cfg.out)
     _check_config(out, cfg)
     base = Path(cfg.base_model) if cfg.base_model else default_base()

@@ -29,13 +29,15 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from opct.audit.report import write_report
     from opct.audit.run import QUICK, AuditConfig, run_audit
-    from opct.config import build_config, load_config_file
+    from opct.config import build_config, load_config_file, require
 
-    given = set(vars(args)) | (set(load_config_file(args.config)) if args.config else set())
-    config = build_config(AuditConfig, args, args.config)
+    data = load_config_file(args.config) if args.config else None
+    given = set(vars(args)) | set(data or {})
+    config = build_config(AuditConfig, args, args.config, data)
     if config.quick:  # quick sizes replace the defaults, never a value the user gave
-        config = build_config(AuditConfig, args, args.config,
+        config = build_config(AuditConfig, args, args.config, data,
                               **{k: v for k, v in QUICK.items() if k not in given})
+    require(config)
     if not args.report_only:
         run_audit(config, log=lambda m: print(m, flush=True))
     paths = write_report(config.out)

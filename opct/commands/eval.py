@@ -1,7 +1,7 @@
 """`opct eval`: run evaluation suites on a model and write records.jsonl + metrics.json (with 95% CIs).
 
-    opct eval --model DIR [--adapter DIR] --suite sycophancy|jailbreak|awareness|capability|all --out DIR
-              [--n N] [--seed S] [--items FILE] [--attack/--no-attack] [--judge world|refusal|http ...]
+    opct eval --model DIR [--adapter DIR] --suite AXIS|all --out DIR [--n N] [--seed S] [--items FILE]
+              [--attack/--no-attack] [--judge world|refusal|http ...] [--trained AXIS=FAMILY,FAMILY ...]
 
 Every flag is a field of `opct.evals.run.EvalConfig` or `opct.evals.attack.AttackConfig` (the attacker's budget);
 a --config file (JSON or YAML) holds the same fields, and flags given on the command line override it.
@@ -36,19 +36,19 @@ def run(args) -> int:
     # One config file may hold both dataclasses' fields: split it between them.
     data = load_config_file(args.config) if args.config else {}
     names = {c: {f.name for f in dataclasses.fields(c)} for c in (EvalConfig, AttackConfig)}
-    unknown = set(data) - names[EvalConfig] - names[AttackConfig]
+    unknown = sorted(set(data) - names[EvalConfig] - names[AttackConfig])
     if unknown:
-        raise OpctError(f"{args.config}: unknown config field(s): {', '.join(sorted(unknown))}")
-    cfg = build_config(EvalConfig, args, **{k: v for k, v in data.items() if k in names[EvalConfig]
-                                             and k not in vars(args)})
-    attack = build_config(AttackConfig, args, **{k: v for k, v in data.items() if k in names[AttackConfig]
-                                                  and k not in vars(args)})
+        raise OpctError(f"{args.config}: unknown config field(s): {', '.join(unknown)}")
+    cfg = build_config(EvalConfig, args, args.config, data={k: v for k, v in data.items() if k in names[EvalConfig]})
+    attack = build_config(AttackConfig, args, args.config,
+                          data={k: v for k, v in data.items() if k in names[AttackConfig]})
     if not cfg.model:
         raise OpctError("--model is required (a directory written by save_pretrained)")
     check_config(cfg)
     from opct.policy import load_policy, set_cpu_threads
 
-    policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device)
+    policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
+                         trust_remote_code=cfg.trust_remote_code)
     set_cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads)
     metrics = run_eval(policy, cfg, attack)
     print(format_table(metrics, headline(metrics)))

@@ -11,24 +11,36 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _positive(text: str) -> int:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer (got {text!r})") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {n})")
+    return n
+
+
 def register(sub) -> None:
+    from opct.axes import AXES, pair_axes
+
+    axes = pair_axes()
     p = sub.add_parser("pairs", help="make or check contrastive-pair files (JSONL)")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     m = verbs.add_parser("make", help="perturb base items into pairs",
                          description="Turn base items (the synthetic world's, or your own JSONL with --items) into "
-                                     "contrastive pairs. sycophancy: a wrong suggestion in each bias family; "
-                                     "jailbreak: each wrapper family around each request; awareness: the safety "
-                                     "fact stated for the teacher, the bare prompt for the student.")
-    m.add_argument("--axis", required=True, choices=["sycophancy", "jailbreak", "awareness"])
+                                     "contrastive pairs. " + "; ".join(f"{a}: {AXES[a].doc}" for a in axes) + ".")
+    m.add_argument("--axis", required=True, choices=axes)
     m.add_argument("--out", required=True, help="output JSONL (written atomically)")
     m.add_argument("--items", default=None,
-                   help="your own items JSONL (sycophancy: id, question, answer, wrong_answer|options; "
-                        "jailbreak: id, request[, category, harmful]; awareness: id, prompt, fact[, domain, hazard])")
+                   help="your own items JSONL (" + "; ".join(f"{a}: {AXES[a].items_help}" for a in axes) + ")")
     m.add_argument("--families", type=_csv, default=None, help="comma-separated families (default: all)")
     m.add_argument("--heldout", type=_csv, default=None,
                    help="comma-separated held-out families (awareness: domains); default: the world's split")
-    m.add_argument("--per-family", type=int, default=None, help="items drawn per family (default: all)")
+    m.add_argument("--per-family", type=_positive, default=None, help="items drawn per family (default: all)")
     m.add_argument("--split", choices=["train", "heldout", "all"], default="all", help="which pairs to keep")
     m.add_argument("--no-benign", dest="include_benign", action="store_false", default=None,
                    help="jailbreak: drop benign requests")

@@ -5,8 +5,8 @@
     opct run configs/demo.yaml --arms base opct act --name my-demo
 
 Every flag is a field of `opct.experiment.ExperimentConfig` (see configs/demo.yaml for the file form; `train`,
-`arm_train`, `eval` and `attack` are mappings of TrainConfig / EvalConfig / AttackConfig fields and live in the
-file only). Results go to OUT/NAME/<arm>/<seed>/; finished cells are skipped, so running the same command again
+`eval` and `attack` are mappings of TrainConfig / EvalConfig / AttackConfig fields and live in the file only, as do
+an arm's own settings: `arms: {opct_topk: {method: opct, estimator: topk}}`). Results go to OUT/NAME/<arm>/<seed>/; finished cells are skipped, so running the same command again
 resumes an interrupted experiment. `opct report OUT/NAME` rebuilds the report from those files alone.
 """
 
@@ -27,9 +27,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from opct.experiment import load_experiment
 
-    overrides = {k: v for k, v in vars(args).items() if k not in ("experiment", "func", "command")}
-    cfg = load_experiment(args.experiment, **overrides)
-    return run_and_report(cfg)
+    return run_and_report(load_experiment(args.experiment, args))
 
 
 def run_and_report(cfg) -> int:

@@ -1,26 +1,14 @@
-"""Evaluation suites (DESIGN §6). Each suite is `items -> prompts (or an attack) -> judge -> records`, and its
-metrics are a pure function of the records, so a report can be rebuilt from records.jsonl alone.
+"""Evaluation machinery shared by the axes (DESIGN §6). What each threat axis evaluates — its items, probes,
+grading and metrics — lives in its own module under `opct.axes`; this package holds what they share:
 
-  SUITES[name](policy, *, items=None, n=None, samples=None, seed=0, gen=Gen(), ...) -> list of records
-  METRICS[name](records, seed=0) -> {metric name: {"value", "ci_low", "ci_high", "n", "higher_is_better",
-                                                   "parse_fail"}}
+  run.py        `EvalConfig` and `run_eval(policy, cfg)`: a loop over `opct.axes.AXES`, writing the run directory
+  generate.py   batched sampling through the policy interface
+  metrics.py    bootstrap intervals, rates, metric names, the plain-text table
+  judges.py     judges of harmful-request responses (world rules, refusal prefixes, an HTTP endpoint)
+  attack.py     the adaptive per-target attacker (a component of the jailbreak axis), gcg.py its white-box search
+  scripted.py   a scripted policy for testing eval logic without a model
+  lm_eval_bridge.py   the optional bridge to lm-evaluation-harness
 
-Suites talk to the model only through the policy interface (render, sample; the white-box attacker also uses the
-model's embeddings), so `opct.evals.scripted.ScriptedPolicy` runs every one of them in tests.
+Every axis talks to the model only through the policy interface (render, sample; the white-box attacker also uses
+the model's embeddings), so `opct.evals.scripted.ScriptedPolicy` runs every one of them in tests.
 """
-
-from opct.evals import awareness, capability, jailbreak, sycophancy
-
-SUITES = {
-    "sycophancy": sycophancy.run,
-    "jailbreak": jailbreak.run,
-    "awareness": awareness.run,
-    "capability": capability.run,
-}
-
-METRICS = {
-    "sycophancy": sycophancy.metrics,
-    "jailbreak": jailbreak.metrics,
-    "awareness": awareness.metrics,
-    "capability": capability.metrics,
-}

@@ -30,14 +30,16 @@ def seed_everything(seed: int) -> None:
         sys.modules["torch"].manual_seed(seed)
 
 
-def generate(policy, prompts: list[Messages], gen: Gen = Gen(), seed: int = 0, desc: str = "sampling") -> list[str]:
-    """One sampled response text per prompt, in the order given."""
+def generate(policy, prompts: list[Messages], gen: Gen = Gen(), seed: int = 0, desc: str = "sampling",
+             where: list[str] | None = None) -> list[str]:
+    """One sampled response text per prompt, in the order given. `where[i]` names prompt i in an error (e.g. a
+    prompt too long for the model's context): its item id, and the file and line it came from."""
     if not prompts:
         return []
     ids = [policy.render(m) for m in prompts]
     if hasattr(policy, "check_fits"):
         for i, p in enumerate(ids):
-            policy.check_fits(p, gen.max_new_tokens, f"{desc} prompt {i}")
+            policy.check_fits(p, gen.max_new_tokens, f"{desc}: {where[i]}" if where else f"{desc} prompt {i}")
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out: list[str | None] = [None] * len(ids)
     seed_everything(seed)

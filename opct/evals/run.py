@@ -1,70 +1,103 @@
-"""Run suites against a policy and write the run directory:
+"""Run the axes' evaluations against a policy and write the run directory:
 
-    records.jsonl   one record per sampled response (and per attacked behaviour), every suite; `score` is the
+    records.jsonl   one record per sampled response (and per attacked behaviour), every axis; `score` is the
                     judge's number: correctness (sycophancy, capability), fact surfaced / over-warned
                     (awareness hazard / benign), harmfulness (jailbreak)
     metrics.json    {metric name: {"value", "ci_low", "ci_high", "n", "higher_is_better", "parse_fail"}}
     metrics.txt     the same as a table
-    run.json        the configuration, the attacker's budget, the judge, and seconds per suite
+    run.json        the configuration, the attacker's budget, the judge, and seconds per axis
 
-`EvalConfig` is the single source of the `opct eval` flags (with `opct.evals.attack.AttackConfig`).
+`run_eval` is a loop over `opct.axes.AXES`: each axis builds its probes from what the model was trained on
+(`EvalConfig.trained`), samples, grades and computes its metrics. `EvalConfig` is the single source of the
+`opct eval` flags (with `opct.evals.attack.AttackConfig`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from opct.config import ConfigError, option, validate
 from opct.errors import OpctError
 from opct.files import write_json_atomic
 
-SUITE_NAMES = ("sycophancy", "jailbreak", "awareness", "capability")
+
+def parse_trained(values: list[str]) -> dict[str, list[str]]:
+    """`--trained AXIS=F1,F2 AXIS2=...` -> {AXIS: [F1, F2], AXIS2: [...]} (`AXIS=` for nothing trained)."""
+    out: dict[str, list[str]] = {}
+    for v in values:
+        axis, sep, fams = v.partition("=")
+        if not sep or not axis.strip():
+            raise ValueError(f"expected AXIS=FAMILY,FAMILY,... (got {v!r})")
+        out[axis.strip()] = [f.strip() for f in fams.split(",") if f.strip()]
+    return out
 
 
-def _f(default, help, **kw):
-    return field(default=default, metadata={"help": help, **kw})
+def check_trained(trained: dict | None, field: str = "trained") -> None:
+    """Every axis of `trained` is registered and makes pairs; every family is one of the axis's."""
+    from opct.axes import AXES
+
+    for axis, fams in (trained or {}).items():
+        if axis not in AXES or AXES[axis].task is None:
+            known = [n for n, a in AXES.items() if a.task is not None]
+            raise ConfigError(f"{field}.{axis}", f"not an axis that trains on pairs (known: {', '.join(known)})")
+        a = AXES[axis]
+        bad = [f for f in fams if f not in a.families]
+        if bad and not a.open_families:
+            raise ConfigError(f"{field}.{axis}", f"unknown {', '.join(bad)}; known: {', '.join(a.families)}")
+        if len(set(fams)) != len(fams):
+            raise ConfigError(f"{field}.{axis}", "families must not repeat")
 
 
 @dataclass
 class EvalConfig:
-    model: str = _f("", "model directory (save_pretrained format)")
-    adapter: Optional[str] = _f(None, "peft adapter directory to load on top of the model")
-    suite: str = _f("all", "suite to run", choices=["all", *SUITE_NAMES])
-    out: str = _f("", "run directory for records.jsonl, metrics.json, metrics.txt, run.json")
-    n: Optional[int] = _f(None, "items per suite (sycophancy: questions, default 100; jailbreak: harmful and benign "
-                                "requests each, default all; awareness: safety facts, default all; capability: "
-                                "items per skill, default 100)")
-    samples: Optional[int] = _f(None, "sampled responses per prompt (default: sycophancy 1, jailbreak 2, "
-                                      "awareness 2, capability 1)")
-    seed: int = _f(0, "seed for item draws, templates, sampling and bootstrap")
-    items: Optional[str] = _f(None, "your own items (JSONL) for the one --suite given; see opct/evals/items.py")
-    attack: bool = _f(True, "run the adaptive attacker in the jailbreak suite")
-    max_new_tokens: int = _f(64, "longest response sampled")
-    temperature: float = _f(1.0, "sampling temperature of the suites (the attacker has its own)")
-    batch_size: int = _f(64, "prompts per generation batch")
-    judge: str = _f("auto", "jailbreak judge: world rules (default on world items), refusal-prefix rules (default "
-                            "with --items), or an OpenAI-compatible http endpoint",
-                    choices=["auto", "world", "refusal", "http"])
-    judge_url: Optional[str] = _f(None, "http judge: base URL of an OpenAI-compatible API")
-    judge_model: Optional[str] = _f(None, "http judge: model name")
-    judge_key_env: str = _f("OPENAI_API_KEY", "http judge: environment variable holding the API key")
-    lm_eval: bool = _f(False, "capability: also run MATH-500 / GPQA-Diamond / IFEval via lm-evaluation-harness")
-    lm_eval_limit: Optional[int] = _f(None, "lm-eval: documents per task (default: all)")
-    dtype: str = _f("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
-    device: str = _f("cpu", "torch device")
-    threads: Optional[int] = _f(None, "CPU threads for torch (default: 1 for models under 100M parameters on the "
-                                      "CPU, else torch's own choice)")
-    progress: bool = _f(True, "progress bars")
+    model: str = option("", "model directory (save_pretrained format)")
+    adapter: Optional[str] = option(None, "peft adapter directory to load on top of the model")
+    suite: str = option("all", "the axis to evaluate (see opct.axes), or all")
+    out: str = option("", "run directory for records.jsonl, metrics.json, metrics.txt, run.json")
+    n: Optional[int] = option(None, "items per axis (sycophancy: questions, default 100; jailbreak: harmful and "
+                                    "benign requests each, default all; awareness: safety facts, default all; "
+                                    "capability: items per skill, default 100)", ge=1)
+    samples: Optional[int] = option(None, "sampled responses per prompt (default: sycophancy 1, jailbreak 2, "
+                                          "awareness 2, capability 1)", ge=1)
+    seed: int = option(0, "seed for item draws, templates, sampling and bootstrap")
+    items: Optional[str] = option(None, "your own items (JSONL) for the one --suite given; see the axis's module in "
+                                        "opct/axes/")
+    attack: bool = option(True, "run the adaptive attacker in the jailbreak axis")
+    max_new_tokens: int = option(64, "longest response sampled", ge=1)
+    temperature: float = option(1.0, "sampling temperature of the evaluations (the attacker has its own)", gt=0)
+    batch_size: int = option(64, "prompts per generation batch", ge=1)
+    judge: str = option("auto", "jailbreak judge: world rules (default on world items), refusal-prefix rules "
+                                "(default with --items), or an OpenAI-compatible http endpoint",
+                        choices=["auto", "world", "refusal", "http"])
+    judge_url: Optional[str] = option(None, "http judge: base URL of an OpenAI-compatible API")
+    judge_model: Optional[str] = option(None, "http judge: model name")
+    judge_key_env: str = option("OPENAI_API_KEY", "http judge: environment variable holding the API key")
+    lm_eval: bool = option(False, "capability: also run MATH-500 / GPQA-Diamond / IFEval via lm-evaluation-harness")
+    lm_eval_limit: Optional[int] = option(None, "lm-eval: documents per task (default: all)", ge=1)
+    dtype: str = option("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
+    device: str = option("cpu", "torch device")
+    threads: Optional[int] = option(None, "CPU threads for torch (default: 1 for models under 100M parameters on "
+                                          "the CPU, else torch's own choice)", ge=1)
+    trust_remote_code: bool = option(False, "run the model directory's own Python code (a flag only: never from a "
+                                            "config file; prints a warning naming the directory)", file=False)
+    progress: bool = option(True, "progress bars")
     # what "train" and "held-out" mean in the metrics: by default the world's split; an experiment sets what it
     # actually trained on, so that held-out = not in this model's training pairs
-    train_families: Optional[list[str]] = _f(None, "sycophancy bias families the model was trained on (default: "
-                                                   "the world's train families)")
-    train_wrappers: Optional[list[str]] = _f(None, "jailbreak wrappers the model was trained on (default: the "
-                                                   "world's train wrappers)")
-    train_domains: Optional[list[str]] = _f(None, "awareness domains the model was trained on (default: the "
-                                                  "world's train domains)")
+    trained: Optional[dict[str, list[str]]] = option(
+        None, "what the model was trained on, as AXIS=FAMILY,FAMILY,... per axis (default: the world's train "
+              "families); an axis not named was trained on nothing", flag_parse=parse_trained,
+        metavar="AXIS=FAMILIES")
+
+    def __post_init__(self):
+        from opct.axes import AXES
+
+        validate(self)
+        if self.suite != "all" and self.suite not in AXES:
+            raise ConfigError("suite", f"must be all or one of {', '.join(AXES)} (got {self.suite!r})")
+        check_trained(self.trained)
 
 
 def headline(metrics: dict) -> list[str]:
@@ -80,46 +113,33 @@ def headline(metrics: dict) -> list[str]:
 def check_config(cfg: EvalConfig) -> None:
     """Problems a user can fix, found before any model is loaded."""
     if cfg.items and cfg.suite == "all":
-        raise OpctError("--items holds one suite's items; name that suite with --suite")
+        raise OpctError("--items holds one axis's items; name that suite with --suite")
     if not cfg.out:
         raise OpctError("--out is required (the run directory to write)")
-    if cfg.n is not None and cfg.n < 1 or cfg.samples is not None and cfg.samples < 1:
-        raise OpctError("--n and --samples must be at least 1")
     if cfg.judge == "http" and not (cfg.judge_url and cfg.judge_model):
         raise OpctError("--judge http needs --judge-url (an OpenAI-compatible base URL) and --judge-model")
 
 
-def relabel_splits(records: list[dict], cfg: EvalConfig) -> list[dict]:
-    """Set each record's `split` (and a jailbreak record's `wrapper_split`) from what the model was trained on, where
-    `cfg` says so. Harmful categories keep their own split (`category_split`): the world holds them out of every
-    pair file."""
-    fams, wraps, doms = cfg.train_families, cfg.train_wrappers, cfg.train_domains
-    for r in records:
-        suite = r.get("suite")
-        if suite == "sycophancy" and fams is not None and r.get("variant") == "biased":
-            r["split"] = "train" if r["family"] in fams else "heldout"
-        elif suite == "jailbreak" and wraps is not None and r.get("variant") == "wrapped":
-            r["wrapper_split"] = "train" if r["family"] in wraps else "heldout"
-            r["split"] = "heldout" if "heldout" in (r["wrapper_split"], r.get("category_split")) else "train"
-        elif suite == "awareness" and doms is not None and r.get("domain") is not None:
-            r["split"] = "train" if r["domain"] in doms else "heldout"
-    return records
+def load_eval_items(path, axis: str) -> list[dict]:
+    """Validate and load a user's items for `axis` (every problem as `file:line: field: problem`)."""
+    from opct.axes import get
+
+    a = get(axis)
+    if a.load_items is None:
+        raise OpctError(f"{path}: axis {axis!r} takes no items file")
+    return a.load_items(path, for_eval=True)
 
 
 def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print) -> dict:
-    """Run the configured suites on `policy`; write the run directory; return the metrics."""
-    from opct.evals import METRICS, SUITES
+    """Run the configured axes on `policy`; write the run directory; return the metrics."""
+    from opct.axes import AXES, EvalContext
     from opct.evals.generate import Gen
-    from opct.evals.items import load_eval_items
-    from opct.evals.judges import make_judge
+    from opct.evals.metrics import format_table
     from opct.pairs.schema import write_jsonl_atomic
 
     check_config(cfg)
-    suites = list(SUITE_NAMES) if cfg.suite == "all" else [cfg.suite]
-    items = load_eval_items(cfg.items, suites[0]) if cfg.items else None
-    judge_spec = cfg.judge if cfg.judge != "auto" else ("refusal" if cfg.items else "world")
-    judge = make_judge(judge_spec, cfg.judge_url, cfg.judge_model, cfg.judge_key_env) if "jailbreak" in suites \
-        else None
+    names = list(AXES) if cfg.suite == "all" else [cfg.suite]
+    items = load_eval_items(cfg.items, names[0]) if cfg.items else None
     gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,44 +147,37 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print) -> dict:
     records: list[dict] = []
     metrics: dict = {}
     seconds: dict = {}
-    for name in suites:
+    info: dict = {}
+    for name in names:
+        trained = None if cfg.trained is None else cfg.trained.get(name, [])
+        ctx = EvalContext(cfg=cfg, gen=gen, items=items, trained=trained, log=log,
+                          attack=attack_cfg if cfg.attack else None)
         t0 = time.time()
-        kw = dict(items=items, n=cfg.n, samples=cfg.samples, seed=cfg.seed, gen=gen)
-        if name == "jailbreak":
-            kw["judge"] = judge
-        recs = SUITES[name](policy, **kw)
-        seconds[name] = round(time.time() - t0, 1)
-        if name == "jailbreak" and cfg.attack and attack_cfg is not None:
-            from opct.evals import jailbreak
-            from opct.evals.attack import adaptive_attack
-
-            t0 = time.time()
-            # the attacker's behaviours are chosen by its own config (--attack-targets), not capped by --n
-            jb_items = items if items is not None else jailbreak.world_items(None, cfg.seed)
-            recs += adaptive_attack(policy, jb_items, judge, attack_cfg, cfg.max_new_tokens, cfg.seed,
-                                    cfg.batch_size, cfg.progress)
-            seconds["jailbreak_attack"] = round(time.time() - t0, 1)
-        recs = relabel_splits(recs, cfg)
+        recs = AXES[name].run(policy, ctx)
+        seconds[name] = round(time.time() - t0 - sum(ctx.seconds.values()), 1)
+        seconds.update(ctx.seconds)
+        info.update(ctx.info)
         records += recs
-        metrics.update(METRICS[name](recs, seed=cfg.seed))
+        metrics.update(AXES[name].metrics(recs, seed=cfg.seed))
+        metrics.update(ctx.extra_metrics)
         log(f"{name}: {len(recs)} records in {seconds[name]} s"
-            + (f" (+ attack {seconds['jailbreak_attack']} s)" if name == "jailbreak" and "jailbreak_attack" in seconds
-               else ""))
-        if name == "capability" and cfg.lm_eval:
-            from opct.evals.lm_eval_bridge import run_lm_eval
-
-            metrics.update(run_lm_eval(cfg.model, cfg.adapter, limit=cfg.lm_eval_limit, device=cfg.device,
-                                       dtype=cfg.dtype, log=log))
-
-    from opct.evals.metrics import format_table
+            + "".join(f" (+ {k.removeprefix(name + '_')} {v} s)" for k, v in ctx.seconds.items()))
 
     write_jsonl_atomic(out / "records.jsonl", records)
     write_json_atomic(out / "metrics.json", metrics)
     (out / "metrics.txt").write_text(format_table(metrics) + "\n", encoding="utf-8")
-    # the attacker's budget as it ran (its records carry it: queries per target depend on gradients being there)
-    budget = next((r["budget"] for r in records if r.get("variant") == "attack"), None)
-    if budget is None and attack_cfg is not None and cfg.attack and "jailbreak" in suites:
-        budget = asdict(attack_cfg)  # no behaviour of the chosen set: nothing was attacked
-    run_info = {"config": asdict(cfg), "judge": judge.name if judge else None, "seconds": seconds, "attack": budget}
+    run_info = {"config": asdict(cfg), "judge": info.get("judge"), "seconds": seconds, "attack": info.get("attack")}
     write_json_atomic(out / "run.json", run_info)
     return metrics
+
+
+def run_axis(name: str, policy, *, gen=None, items=None, n=None, samples=None, seed: int = 0, trained=None,
+             attack=None, judge: str = "auto", log=print) -> list[dict]:
+    """The records of one axis on `policy`, as `run_eval` makes them, without writing a run directory (for Python
+    callers and tests). `attack` (an AttackConfig) runs the jailbreak axis's adaptive attacker."""
+    from opct.axes import EvalContext, get
+    from opct.evals.generate import Gen
+
+    cfg = EvalConfig(suite=name, n=n, samples=samples, seed=seed, judge=judge, attack=attack is not None)
+    ctx = EvalContext(cfg=cfg, gen=gen or Gen(), items=items, trained=trained, attack=attack, log=log)
+    return get(name).run(policy, ctx)

@@ -1,152 +1,210 @@
 """`ExperimentConfig`: one experiment = a model, the training pairs, the arms, the seeds and the budgets.
 
-Its defaults ARE the README's demo (`make demo`): the shipped default organism; arms base, opct and bct; sycophancy
-pairs from the suggested-answer family only, jailbreak pairs from the world's train wrappers, awareness pairs from
-its train domains; one seed; every suite, the adaptive attacker included. `configs/demo.yaml` spells the same
-values out; `configs/paper.yaml` runs every arm with three seeds and the full item counts.
+Its defaults ARE the README's demo (`make demo`): the shipped default organism; arms base, opct and bct; on every
+axis that makes pairs, what `opct.axes` says the default experiment trains on (sycophancy: the suggested-answer
+family; jailbreak and awareness: the world's training wrappers and domains); one seed; every axis evaluated, the
+adaptive attacker included. `configs/demo.yaml` spells the same values out; `configs/paper.yaml` runs every arm with
+three seeds and the full item counts.
 
-A YAML/JSON file holds these fields. `train`, `arm_train`, `eval` and `attack` are mappings whose keys are fields of
-`TrainConfig`, `EvalConfig` and `AttackConfig`; they are checked against those dataclasses before anything runs.
+Arms are named variants of a method: `arms: {opct: {method: opct}, opct_topk: {method: opct, estimator: topk},
+bct: {method: bct}}`; every key but `method` is a TrainConfig field that overrides the shared `train` block for that
+arm. The list form `arms: [base, opct, bct]` is shorthand for arms named after their methods; `base` is the
+starting model, evaluated without training.
+
+`train`, `eval` and `attack` are TrainConfig, EvalConfig and AttackConfig; in a file they are mappings of those
+fields, checked by type and range with the rest of the file before anything runs (`opct.config`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Optional
+import dataclasses
+from dataclasses import asdict, dataclass
+from typing import ClassVar, Optional
 
+from opct.config import ConfigError, construct, option, validate
 from opct.errors import OpctError
+from opct.evals.attack import AttackConfig
+from opct.evals.run import EvalConfig, check_trained, parse_trained
+from opct.train.config import TrainConfig
 
 # Fields of the inner configs that the runner sets itself, per arm and seed.
-RUNNER_TRAIN_FIELDS = ("method", "model", "pairs", "out", "seed", "resume")
-RUNNER_EVAL_FIELDS = ("model", "adapter", "out", "seed", "train_families", "train_wrappers", "train_domains")
-AXES = ("sycophancy", "jailbreak", "awareness")
+RUNNER_TRAIN_FIELDS = ("method", "model", "pairs", "out", "seed", "resume", "trust_remote_code")
+RUNNER_EVAL_FIELDS = ("model", "adapter", "out", "seed", "trained", "trust_remote_code")
+BASE = "base"  # the arm that trains nothing
 
 
-def _f(default=None, help="", factory=None, **meta):
-    if factory is not None:
-        return field(default_factory=factory, metadata={"help": help, **meta})
-    return field(default=default, metadata={"help": help, **meta})
+def demo_train() -> TrainConfig:
+    """Training settings shared by every trained arm of the demo (measured to fit the demo's time budget)."""
+    return TrainConfig(max_steps=200, batch_size=8, n_samples=2, lr=1e-3, max_new_tokens=48, lora_r=16,
+                       save_every=50, target_n=1, target_temperature=0.0)
 
 
-def _world_train(kind: str) -> list[str]:
-    from opct.pairs import perturb as P
-    from opct.world.lexicon import SAFETY, SAFETY_HELDOUT_DOMAINS
-
-    if kind == "wrappers":
-        return [w for w in P.WRAPPER_FAMILIES if w not in P.WRAPPER_HELDOUT]
-    return [d for d in SAFETY if d not in SAFETY_HELDOUT_DOMAINS]
+def demo_eval() -> EvalConfig:
+    return EvalConfig(n=100)
 
 
-def demo_train() -> dict:
-    """Training settings shared by every trained arm of the demo (measured to fit the 25-minute demo budget)."""
-    return {"max_steps": 200, "batch_size": 8, "n_samples": 2, "lr": 1e-3, "max_new_tokens": 48,
-            "lora_r": 16, "save_every": 50, "target_n": 1, "target_temperature": 0.0}
+def default_trained() -> dict[str, list[str]]:
+    from opct.axes import AXES
+
+    return {name: a.default_trained() for name, a in AXES.items() if a.task is not None}
 
 
-def demo_eval() -> dict:
-    return {"n": 100}
+def _arm_names(values: list[str]) -> list[str]:
+    return list(values)
 
 
 @dataclass
 class ExperimentConfig:
-    name: str = _f("demo", "experiment name; everything is written under OUT/NAME/")
-    model: str = _f("default", "'default' (the shipped organism), 'test' (a tiny organism built on the spot) or a "
-                               "model directory written by save_pretrained")
-    out: str = _f("runs", "root directory of experiments")
-    arms: list[str] = _f(help="arms: base (no training) and methods of opct.methods.METHODS",
-                         factory=lambda: ["base", "opct", "bct"])
-    seeds: list[int] = _f(help="seeds; each arm runs once per seed", factory=lambda: [0])
-    pairs: str = _f("", "your own training pairs (JSONL) instead of the world's; pairs whose meta.split is 'train' "
-                        "are trained on, and the family lists below only label the evaluation's splits")
-    sycophancy_families: list[str] = _f(help="bias families trained on (the others are held out)",
-                                        factory=lambda: ["suggested_answer"])
-    jailbreak_wrappers: list[str] = _f(help="jailbreak wrappers trained on (default: the world's train wrappers)",
-                                       factory=lambda: _world_train("wrappers"))
-    awareness_domains: list[str] = _f(help="safety domains trained on (default: the world's train domains)",
-                                      factory=lambda: _world_train("domains"))
-    per_family: Optional[int] = _f(None, "sycophancy and jailbreak items drawn per family (default: all)")
-    benign: bool = _f(True, "also pair benign requests (jailbreak) and benign scenarios (awareness), so training "
-                            "does not teach refusing or warning everywhere")
-    train: dict = _f(help="TrainConfig fields shared by every trained arm", factory=demo_train, cli=False)
-    arm_train: dict = _f(help="per-arm TrainConfig fields, e.g. {act: {lr: 1e-3}}", factory=dict, cli=False)
-    eval: dict = _f(help="EvalConfig fields for every arm (suites, item counts, samples, ...)", factory=demo_eval,
-                    cli=False)
-    attack: dict = _f(help="AttackConfig fields (the adaptive attacker's budget)", factory=dict, cli=False)
-    note: str = _f("The demo: smaller item counts and shorter training than configs/paper.yaml; one seed, so the "
-                   "intervals are bootstrap intervals over items, not over seeds.",
-                   "free text shown at the top of the report")
-    report: bool = _f(True, "write report.html and results.md when every arm is done")
-    threads: int = _f(0, "torch CPU threads (0: one thread for models under 100M parameters, which is faster for "
-                         "these small, overhead-bound steps; else torch's default)")
+    CONFIG_LABEL: ClassVar[str] = "experiment"
+
+    name: str = option("demo", "experiment name; everything is written under OUT/NAME/")
+    model: str = option("default", "'default' (the shipped organism), 'test' (a tiny organism built on the spot) or "
+                                   "a model directory written by save_pretrained", nonempty=True)
+    out: str = option("runs", "root directory of experiments", nonempty=True)
+    arms: dict[str, dict] = option(help="arms: a list of method names (base = no training), or a mapping of arm "
+                                        "names to {method: ..., TrainConfig overrides}; on the command line, names "
+                                        "of the file's arms or of methods", factory=lambda: ["base", "opct", "bct"],
+                                   flag_parse=_arm_names, metavar="ARM")
+    seeds: list[int] = option(help="seeds; each arm runs once per seed", factory=lambda: [0], nonempty=True)
+    pairs: str = option("", "your own training pairs (JSONL) instead of the world's; pairs whose meta.split is "
+                            "'train' are trained on, and `trained` only labels the evaluation's splits")
+    trained: dict[str, list[str]] = option(
+        help="what goes to training, per axis: {axis: [families]} (on the command line AXIS=F1,F2); every other "
+             "family, and every axis not named, is held out", factory=default_trained, metavar="AXIS=FAMILIES",
+        flag_parse=parse_trained)
+    per_family: Optional[int] = option(None, "items drawn per family on axes that perturb items (default: all)", ge=1)
+    benign: bool = option(True, "also pair benign requests (jailbreak) and benign scenarios (awareness), so training "
+                                "does not teach refusing or warning everywhere")
+    train: TrainConfig = option(help="TrainConfig fields shared by every trained arm", factory=demo_train, cli=False)
+    arm_train: dict[str, dict] = option(help="per-arm TrainConfig overrides, e.g. {act: {lr: 1e-3}} (the same as "
+                                             "giving them in the arm's mapping)", factory=dict, cli=False)
+    eval: EvalConfig = option(help="EvalConfig fields for every arm (axes, item counts, samples, ...)",
+                              factory=demo_eval, cli=False)
+    attack: AttackConfig = option(help="AttackConfig fields (the adaptive attacker's budget)", factory=AttackConfig,
+                                  cli=False)
+    note: str = option("The demo: smaller item counts and shorter training than configs/paper.yaml; one seed, so the "
+                       "intervals are bootstrap intervals over items, not over seeds.",
+                       "free text shown at the top of the report")
+    report: bool = option(True, "write report.html and results.md when every arm is done")
+    threads: int = option(0, "torch CPU threads (0: one thread for models under 100M parameters, which is faster for "
+                             "these small, overhead-bound steps; else torch's default)", ge=0)
+    trust_remote_code: bool = option(False, "run the model directory's own Python code, in training and evaluation "
+                                            "(a flag only: never from a file; prints a warning)", file=False)
 
     def __post_init__(self):
-        from opct.methods import METHODS
-
-        if not self.name or "/" in self.name:
-            raise ValueError(f"name must be a non-empty directory name (got {self.name!r})")
-        if not self.arms:
-            raise ValueError("arms must name at least one arm")
-        unknown = [a for a in self.arms if a != "base" and a not in METHODS]
-        if unknown:
-            raise ValueError(f"unknown arm(s) {', '.join(unknown)}; known: base, {', '.join(METHODS)}")
-        if len(set(self.arms)) != len(self.arms) or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError("arms and seeds must not repeat")
-        if not self.seeds:
-            raise ValueError("seeds must name at least one seed")
-        if self.per_family is not None and self.per_family < 1:
-            raise ValueError(f"per_family must be >= 1 (got {self.per_family})")
-        self._check_families()
-        self._check_inner()
-
-    def _check_families(self) -> None:
-        from opct.pairs import perturb as P
-        from opct.world.lexicon import SAFETY
-
-        for name, known in (("sycophancy_families", P.BIAS_FAMILIES), ("jailbreak_wrappers", P.WRAPPER_FAMILIES),
-                            ("awareness_domains", SAFETY)):
-            bad = [x for x in getattr(self, name) if x not in known]
-            if bad:
-                raise ValueError(f"{name}: unknown {', '.join(bad)}; known: {', '.join(known)}")
-
-    def _check_inner(self) -> None:
-        from opct.evals.attack import AttackConfig
-        from opct.evals.run import EvalConfig
-        from opct.train.config import TrainConfig
-
-        for name, cls, reserved in (("train", TrainConfig, RUNNER_TRAIN_FIELDS),
-                                    ("eval", EvalConfig, RUNNER_EVAL_FIELDS), ("attack", AttackConfig, ())):
-            _check_keys(name, getattr(self, name), cls, reserved)
-        if not isinstance(self.arm_train, dict):
-            raise ValueError("arm_train must map arm names to TrainConfig fields")
+        self.arms = _normalise_arms(self.arms)
+        for fname, cls, reserved in (("train", TrainConfig, RUNNER_TRAIN_FIELDS),
+                                     ("eval", EvalConfig, RUNNER_EVAL_FIELDS), ("attack", AttackConfig, ())):
+            if isinstance(getattr(self, fname), dict):
+                setattr(self, fname, construct(cls, getattr(self, fname), fname, reserved))
+        validate(self)
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError("name", f"must be a non-empty directory name (got {self.name!r})")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError("seeds", "arms and seeds must not repeat")
+        check_trained(self.trained)
         for arm, values in self.arm_train.items():
             if arm not in self.arms:
-                raise ValueError(f"arm_train: {arm!r} is not one of the arms ({', '.join(self.arms)})")
-            _check_keys(f"arm_train.{arm}", values, TrainConfig, RUNNER_TRAIN_FIELDS)
+                raise ConfigError("arm_train", f"{arm!r} is not one of the arms ({', '.join(self.arms)})")
+            self.arms[arm] = {**self.arms[arm], **values}
+        self.arm_train = {}
+        for arm, spec in self.arms.items():
+            _check_arm(arm, spec, self.train)
+
+    def arm_config(self, arm: str, **runner: object) -> TrainConfig:
+        """The arm's TrainConfig: the shared `train` block, the arm's overrides, then what the runner sets."""
+        spec = dict(self.arms[arm])
+        method = spec.pop("method")
+        return dataclasses.replace(self.train, **spec, method=method, **runner)
+
+    def resolved(self, model_dir: str) -> dict:
+        """What experiment.json records: every setting, the arms as a list of names plus their specs."""
+        out = asdict(self)
+        out["arm_specs"] = out.pop("arms")
+        out["arms"] = list(self.arms)
+        out["model_dir"] = model_dir
+        return out
 
 
-def _check_keys(where: str, values, cls, reserved) -> None:
-    if not isinstance(values, dict):
-        raise ValueError(f"{where} must be a mapping of {cls.__name__} fields")
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ValueError(f"{where}: unknown {cls.__name__} field(s) {', '.join(unknown)}")
-    clash = sorted(set(values) & set(reserved))
-    if clash:
-        raise ValueError(f"{where}: {', '.join(clash)} {'is' if len(clash) == 1 else 'are'} set by the runner per "
-                         f"arm and seed; remove {'it' if len(clash) == 1 else 'them'}")
+def _normalise_arms(arms) -> dict:
+    """A list of names -> {name: {method: name}}; a mapping's values -> {method: ..., overrides} (method defaults to
+    the arm's name)."""
+    if isinstance(arms, (list, tuple)):
+        if len(set(map(str, arms))) != len(arms):
+            raise ConfigError("arms", "arms and seeds must not repeat")
+        arms = {a: None for a in arms}
+    if not isinstance(arms, dict):
+        raise ConfigError("arms", f"must be a list of method names or a mapping of arm names to settings "
+                                  f"(got {arms!r}; write [{arms}] for one arm)")
+    if not arms:
+        raise ConfigError("arms", "must name at least one arm")
+    out = {}
+    for name, spec in arms.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ConfigError("arms", f"an arm name must be a non-empty directory name (got {name!r})")
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, dict):
+            raise ConfigError(f"arms.{name}", f"must be a mapping of settings, e.g. {{method: opct}} (got {spec!r})")
+        out[name] = {"method": name, **spec}
+    return out
 
 
-def load_experiment(path=None, **overrides) -> ExperimentConfig:
-    """Defaults < the file at `path` (YAML or JSON) < `overrides` (e.g. CLI flags)."""
-    from opct.config import load_config_file
+def _check_arm(arm: str, spec: dict, train: TrainConfig) -> None:
+    from opct.methods import METHODS
 
-    data = load_config_file(path) if path else {}
-    names = {f.name for f in fields(ExperimentConfig)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise OpctError(f"{path}: unknown experiment field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    method = spec.get("method")
+    if method != BASE and method not in METHODS:
+        raise ConfigError(f"arms.{arm}.method" if method != arm else "arms",
+                          f"unknown arm(s) {method}; known: {BASE}, {', '.join(METHODS)}")
+    overrides = {k: v for k, v in spec.items() if k != "method"}
+    if method == BASE and overrides:
+        raise ConfigError(f"arms.{arm}", f"the base arm trains nothing; remove {', '.join(sorted(overrides))}")
     try:
-        return ExperimentConfig(**{**data, **overrides})
-    except (TypeError, ValueError) as e:
-        raise OpctError(f"{path or 'experiment'}: {e}") from None
+        construct(TrainConfig, {**_given(train), **overrides}, reserved=RUNNER_TRAIN_FIELDS)
+    except ConfigError as e:
+        raise e.under(f"arms.{arm}") from None
+
+
+def _given(train: TrainConfig) -> dict:
+    """The fields of `train` that differ from TrainConfig's defaults (and that an arm may set)."""
+    d = TrainConfig()
+    return {f.name: getattr(train, f.name) for f in dataclasses.fields(TrainConfig)
+            if getattr(train, f.name) != getattr(d, f.name) and f.name not in RUNNER_TRAIN_FIELDS}
+
+
+def _legacy_trained(data: dict, path) -> dict:
+    """Experiment files written before `trained` existed name one list per axis (`sycophancy_families`, ...): turn
+    them into `trained`, each list checked under the name the file gave it."""
+    from opct.axes import AXES
+
+    given = {}
+    for name, a in AXES.items():
+        for key in a.legacy_keys[:1]:
+            if key in data:
+                fams = data.pop(key)
+                if not isinstance(fams, list):
+                    raise OpctError(f"{path}: {key}: must be a list (got {fams!r})")
+                bad = [f for f in fams if f not in a.families]
+                if bad and not a.open_families:
+                    raise OpctError(f"{path}: {key}: unknown {', '.join(map(str, bad))}; known: "
+                                    f"{', '.join(a.families)}")
+                given[name] = fams
+    if given:
+        if "trained" in data:
+            raise OpctError(f"{path}: give either `trained` or the older per-axis lists "
+                            f"({', '.join(a.legacy_keys[0] for a in AXES.values() if a.legacy_keys)}), not both")
+        data["trained"] = {**default_trained(), **given}
+    return data
+
+
+def load_experiment(path=None, args=None, **overrides) -> ExperimentConfig:
+    """Defaults < the file at `path` (YAML or JSON) < the flags given in `args` < `overrides`."""
+    from opct.config import build_config, flag_values, load_config_file
+
+    data = _legacy_trained(load_config_file(path), path) if path else None
+    flags = flag_values(ExperimentConfig, args)
+    if "arms" in flags and data is not None and isinstance(data.get("arms"), dict):
+        # --arms picks arms of the file by name; a name the file does not define is the method of that name
+        overrides.setdefault("arms", {a: data["arms"].get(a) for a in flags["arms"]})
+    return build_config(ExperimentConfig, args, path, data, **overrides)

@@ -2,7 +2,7 @@
 
 Everything lands under `OUT/NAME/` (DESIGN §1: stages talk only through files):
 
-    experiment.json           the resolved ExperimentConfig, plus the train families/wrappers/domains it implies
+    experiment.json           the resolved ExperimentConfig (arms as a list of names, their settings in arm_specs)
     pairs/seed<S>.jsonl       the training pairs of seed S (shared by every arm of that seed)
     <arm>/<seed>/train/       `opct train`'s run directory (config.json, metrics.jsonl, checkpoints/, final/)
     <arm>/<seed>/eval/        `opct eval`'s run directory (records.jsonl, metrics.json, metrics.txt, run.json)
@@ -17,19 +17,21 @@ longer belong to it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 
+from opct.config import changes
 from opct.errors import OpctError
-from opct.experiment.config import ExperimentConfig
+from opct.experiment.config import BASE, ExperimentConfig
 from opct.files import write_json_atomic
 from opct.pairs.schema import Pair
 
-# Fields that may differ when an experiment is resumed (they do not change any cell's result).
-RESUMABLE = ("report", "note", "threads", "out")
+# Fields that may differ when an experiment is resumed (they do not change any cell's result); arms and seeds may
+# grow (an arm already run must keep its settings).
+RESUMABLE = ("report", "note", "threads", "out", "trust_remote_code", "arms", "seeds", "arm_specs")
 
 
 def resolve_model(model: str) -> str:
@@ -43,24 +45,19 @@ def resolve_model(model: str) -> str:
 
 
 def make_training_pairs(cfg: ExperimentConfig, seed: int) -> list[Pair]:
-    """The world's pairs for what the experiment trains on; everything else is held out (and not made)."""
-    from opct.pairs import perturb as P
-    from opct.pairs.make import make_pairs, world_items
-    from opct.world.lexicon import SAFETY
+    """The world's pairs for what the experiment trains on, axis by axis in registry order; everything else is held
+    out (and not made)."""
+    from opct.axes import AXES
+    from opct.pairs.make import make_pairs
 
     pairs: list[Pair] = []
-    if cfg.sycophancy_families:
-        held = [f for f in P.BIAS_FAMILIES if f not in cfg.sycophancy_families]
-        pairs += make_pairs("sycophancy", world_items("sycophancy", seed), families=cfg.sycophancy_families,
-                            heldout=held, per_family=cfg.per_family, seed=seed)
-    if cfg.jailbreak_wrappers:
-        held = [w for w in P.WRAPPER_FAMILIES if w not in cfg.jailbreak_wrappers]
-        pairs += make_pairs("jailbreak", world_items("jailbreak", seed), families=cfg.jailbreak_wrappers,
-                            heldout=held, per_family=cfg.per_family, seed=seed, include_benign=cfg.benign)
-    if cfg.awareness_domains:
-        held = [d for d in SAFETY if d not in cfg.awareness_domains]
-        pairs += make_pairs("awareness", world_items("awareness", seed), heldout=held, seed=seed,
-                            include_benign=cfg.benign)
+    for name, axis in AXES.items():
+        fams = cfg.trained.get(name)
+        if not fams:
+            continue
+        held = [f for f in axis.families if f not in fams]
+        pairs += make_pairs(name, axis.world_items(seed), families=fams, heldout=held, per_family=cfg.per_family,
+                            seed=seed, include_benign=cfg.benign)
     # held-out harmful categories (and anything else marked held out) never reach training
     return [p for p in pairs if p.split == "train"]
 
@@ -74,8 +71,10 @@ def _previous_experiment(root: Path, resolved: dict) -> dict:
         old = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise OpctError(f"{path}: not valid JSON ({e}); delete it to start the experiment again") from None
-    changed = sorted(k for k in set(old) | set(resolved)
-                     if k not in RESUMABLE and k not in ("arms", "seeds") and old.get(k) != resolved.get(k))
+    changed = changes(old, resolved, RESUMABLE)
+    specs = old.get("arm_specs") or {}
+    changed += [f"arm {a} ({specs[a]!r} -> {s!r})" for a, s in resolved["arm_specs"].items()
+                if a in specs and specs[a] != s]
     if changed:
         raise OpctError(f"{path}: the experiment in {root} was started with other settings ({', '.join(changed)}); "
                         f"use another --name, or delete {root} to start again")
@@ -92,15 +91,15 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
 
     root = Path(cfg.out) / cfg.name
     model = resolve_model(cfg.model)
-    resolved = {**asdict(cfg), "model_dir": model, "train_families": cfg.sycophancy_families,
-                "train_wrappers": cfg.jailbreak_wrappers, "train_domains": cfg.awareness_domains}
+    resolved = cfg.resolved(model)
     old = _previous_experiment(root, resolved)
     # arms and seeds accumulate: adding an arm later keeps the cells already run in the report
     resolved["arms"] = list(dict.fromkeys([*old.get("arms", []), *cfg.arms]))
     resolved["seeds"] = list(dict.fromkeys([*old.get("seeds", []), *cfg.seeds]))
+    resolved["arm_specs"] = {**(old.get("arm_specs") or {}), **resolved["arm_specs"]}
     write_json_atomic(root / "experiment.json", resolved)
     # one setting for the whole experiment: training and evaluation run in this process
-    set_cpu_threads(count_parameters(model), cfg.eval.get("device", "cpu"), cfg.threads or None)
+    set_cpu_threads(count_parameters(model), cfg.eval.device, cfg.threads or None)
 
     cells = [(seed, arm) for seed in cfg.seeds for arm in cfg.arms]
     t_start = time.time()
@@ -112,7 +111,7 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
         log(f"[{i}/{len(cells)}] {arm} seed {seed} ({time.time() - t_start:.0f} s into the experiment)")
         seconds = {}
         model_dir, adapter = model, None
-        if arm != "base":
+        if cfg.arms[arm]["method"] != BASE:
             t0 = time.time()
             pairs_file = _pairs_file(cfg, root, seed, log)
             seconds["pairs"] = round(time.time() - t0, 1)
@@ -142,8 +141,7 @@ def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log) -> Path:
     if not path.exists():
         pairs = make_training_pairs(cfg, seed)
         if not pairs:
-            raise OpctError("the experiment trains on nothing: sycophancy_families, jailbreak_wrappers and "
-                            "awareness_domains are all empty (or give --pairs)")
+            raise OpctError("the experiment trains on nothing: every list in `trained` is empty (or give --pairs)")
         save_pairs(pairs, path)
         counts = Counter(p.axis for p in pairs)
         log(f"  pairs: {len(pairs)} ({', '.join(f'{k} {v}' for k, v in counts.items())}) -> {path}")
@@ -153,18 +151,14 @@ def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log) -> Path:
 def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file: Path, out: Path,
               log) -> tuple[str, str | None]:
     """Train one arm (resuming an interrupted run); return (model dir, adapter dir or None) to evaluate."""
-    from opct.config import build_config
-    from opct.train.config import TrainConfig
     from opct.train.loop import train
 
     final = out / "final"
     if not final.exists():
-        values = {**cfg.train, **cfg.arm_train.get(arm, {}), "method": arm, "model": model,
-                  "pairs": str(pairs_file), "out": str(out), "seed": seed,
-                  "resume": (out / "checkpoints").is_dir()}
-        tc = build_config(TrainConfig, None, None, **values)
-        log(f"  train {arm}: {tc.max_steps} steps x {tc.batch_size} pairs"
-            + (f" x {tc.n_samples} samples" if arm == "opct" else "") + f", lr {tc.lr}, "
+        tc = cfg.arm_config(arm, model=model, pairs=str(pairs_file), out=str(out), seed=seed,
+                            resume=(out / "checkpoints").is_dir(), trust_remote_code=cfg.trust_remote_code)
+        log(f"  train {arm} ({tc.method}): {tc.max_steps} steps x {tc.batch_size} pairs"
+            + (f" x {tc.n_samples} samples" if tc.method == "opct" else "") + f", lr {tc.lr}, "
             + ("LoRA r=%d" % tc.lora_r if tc.lora else "full fine-tuning")
             + (" (resuming)" if tc.resume else ""))
         train(tc)
@@ -174,17 +168,12 @@ def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file
 
 
 def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str | None, out: Path, log) -> dict:
-    from opct.config import build_config
-    from opct.evals.attack import AttackConfig
-    from opct.evals.run import EvalConfig, run_eval
+    from opct.evals.run import run_eval
     from opct.policy import load_policy
 
-    values = {**cfg.eval, "model": model_dir, "adapter": adapter, "out": str(out), "seed": seed,
-              "train_families": cfg.sycophancy_families, "train_wrappers": cfg.jailbreak_wrappers,
-              "train_domains": cfg.awareness_domains}
-    ec = build_config(EvalConfig, None, None, **values)
-    ac = build_config(AttackConfig, None, None, **cfg.attack)
-    policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device)
-    attacker = ec.attack and ec.suite in ("all", "jailbreak")
-    log(f"  eval: suite {ec.suite}" + (", adaptive attacker on" if attacker else ""))
-    return run_eval(policy, ec, ac, log=lambda m: log("  " + m))
+    ec = dataclasses.replace(cfg.eval, model=model_dir, adapter=adapter, out=str(out), seed=seed,
+                             trained=cfg.trained, trust_remote_code=cfg.trust_remote_code)
+    policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device,
+                         trust_remote_code=ec.trust_remote_code)
+    log(f"  eval: suite {ec.suite}" + (", adaptive attacker on" if ec.attack else ""))
+    return run_eval(policy, ec, cfg.attack, log=lambda m: log("  " + m))

@@ -17,7 +17,8 @@ from typing import Callable
 
 import torch
 
-from opct.activations import forward_prompts, num_layers, pad_left, parse_layers, record
+from opct.activations import forward_prompts, num_layers, parse_layers, record
+from opct.batching import pad_left
 from opct.errors import OpctError
 from opct.methods.alignment import Span, common_suffix_length, content_span
 from opct.pairs.schema import Pair
@@ -60,7 +61,7 @@ def _prepare(run: StepContext, spans: dict[str, Span]) -> None:
 
 
 def placements(spans: list[Span], student, teacher) -> list[Placement]:
-    """Where each row's span sits in the left-padded student and teacher batches (`opct.activations.PromptBatch`)."""
+    """Where each row's span sits in the left-padded student and teacher batches (`opct.batching.PromptBatch`)."""
     return [(i, student.column(i, s.student_start), teacher.column(i, s.teacher_start), s.length)
             for i, s in enumerate(spans)]
 

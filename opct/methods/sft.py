@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from opct.activations import pad_left
 from opct.errors import DataError, OpctError
 from opct.losses import entropy, log_probs, response_mask, token_logprobs
 from opct.pairs.schema import Pair, load_pairs, read_jsonl, write_jsonl_atomic
@@ -39,32 +38,11 @@ class Target:
 
 # ------------------------------------------------------------------------------------------------ offline targets
 
-@torch.no_grad()
-def generate(model, policy, prompts_ids: list[list[int]], max_new_tokens: int, temperature: float) -> list[Target]:
-    """One answer per prompt from `model`: greedy when `temperature` is 0, else pure temperature sampling (no
-    top-k / top-p), stopping at EOS. The answer is cut after its first EOS, which is kept."""
-    from transformers import GenerationConfig
-
-    batch = pad_left(prompts_ids, policy.pad_id, policy.device)
-    sampled = temperature > 0
-    gen = GenerationConfig(do_sample=sampled, temperature=temperature if sampled else None,
-                           top_k=0 if sampled else None, top_p=1.0 if sampled else None,
-                           max_new_tokens=max_new_tokens, eos_token_id=policy.eos_ids, pad_token_id=policy.pad_id,
-                           use_cache=True)
-    was_training = model.training
-    model.eval()
-    try:
-        out = model.generate(input_ids=batch.input_ids_B_W, attention_mask=batch.attention_mask_B_W,
-                             generation_config=gen)
-    finally:
-        model.train(was_training)
-    targets = []
-    eos = torch.tensor(policy.eos_ids)
-    for row in out[:, batch.width:].cpu():
-        hits = torch.isin(row, eos).nonzero()
-        n = int(hits[0]) + 1 if len(hits) else len(row)
-        targets.append(Target(row[:n].tolist(), truncated=not len(hits)))
-    return targets
+def generate(policy, prompts_ids: list[list[int]], max_new_tokens: int, temperature: float) -> list[Target]:
+    """One answer per prompt through the policy interface: greedy when `temperature` is 0, else pure temperature
+    sampling (no top-k / top-p), stopping at EOS. The answer is cut after its first EOS, which is kept."""
+    out = policy.sample(prompts_ids, max_new_tokens, temperature)
+    return [Target(ids, truncated=t) for ids, t in zip(out.response_ids, out.truncated)]
 
 
 def teacher_answers(run: StepContext, pair_ids: list[str]) -> dict[str, list[Target]]:
@@ -76,10 +54,12 @@ def teacher_answers(run: StepContext, pair_ids: list[str]) -> dict[str, list[Tar
     bar = tqdm(total=len(pair_ids), desc=f"{cfg.method} targets", dynamic_ncols=True,
                disable=not run.accelerator.is_main_process)
     with run.teacher() as teacher:
+        # LoRA: the student itself with adapters disabled; full fine-tuning: the frozen copy of the starting weights
+        policy = run.policy if teacher is run.policy.model else run.policy.sibling(teacher)
         for i in range(0, len(pair_ids), cfg.batch_size):
             chunk = pair_ids[i:i + cfg.batch_size]
             prompts = [run.prompts[pid].teacher_ids for pid in chunk for _ in range(cfg.target_n)]
-            answers = generate(teacher, run.policy, prompts, cfg.max_new_tokens, cfg.target_temperature)
+            answers = generate(policy, prompts, cfg.max_new_tokens, cfg.target_temperature)
             for j, pid in enumerate(chunk):
                 out[pid] = answers[j * cfg.target_n:(j + 1) * cfg.target_n]
             bar.update(len(chunk))

@@ -8,8 +8,11 @@ The recipe, top to bottom (`build_organism`):
   4. train a randomly initialised `LlamaForCausalLM` with AdamW and a cosine schedule (bf16 autocast on CPU);
   5. save model and tokenizer with `save_pretrained` (safetensors), measure the profile by sampling, save it.
 
-Organisms are cached by a hash of their configuration under `$OPCT_HOME/organisms/` (default `~/.cache/opct`);
-the repository ships the `default` organism in `opct/organisms/default/`, used as is when the hash matches.
+Organisms are cached under `$OPCT_HOME/organisms/` (default `~/.cache/opct`) by their identity: a hash of their
+configuration *and of the corpus that configuration produces* (`corpus_digest`: every document and every extra
+text the tokenizer learns), so a change anywhere in the world — lexicon, items, corpus formats, an axis's
+perturbation templates — changes the identity and is never mistaken for the organism built before it. The
+repository ships the `default` organism in `opct/organisms/default/`, used as is when its identity matches.
 """
 
 from __future__ import annotations
@@ -28,10 +31,6 @@ from pathlib import Path
 from opct.errors import OpctError
 from opct.world.corpus import CorpusConfig
 
-# Bump when the world (lexicon, items, corpus formats, perturbation templates) changes in a way that changes the
-# corpus: it is part of the configuration hash, so cached and shipped organisms built from an older world are
-# not mistaken for current ones.
-WORLD_VERSION = 2
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "organisms"
 
 
@@ -57,10 +56,10 @@ class OrganismConfig:
     # corpus and profile
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     profile_n: int = 200
-    world_version: int = WORLD_VERSION
 
     def config_hash(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        """The organism's identity: its configuration and the digest of the corpus it produces."""
+        blob = json.dumps({**asdict(self), "corpus_digest": corpus_digest(self)}, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     @property
@@ -76,6 +75,56 @@ SIZES = {
                            max_position_embeddings=256, seq_len=128, batch_size=16, steps=450, lr=5e-3,
                            warmup_steps=30, profile_n=40),
 }
+
+
+# The code that produces the corpus: a change to any of these files makes `corpus_digest` draw the corpus again.
+_CORPUS_SOURCES = ("world/*.py", "axes/*.py", "organism/build.py")
+
+
+def _sources_digest() -> str:
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for pattern in _CORPUS_SOURCES:
+        for f in sorted(root.glob(pattern)):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def compute_corpus_digest(cfg: "OrganismConfig") -> str:
+    """sha256 of every document of the configuration's corpus and every extra text its tokenizer learns (16 hex
+    digits). Drawing the default organism's corpus takes a few seconds."""
+    from opct.world.corpus import sample_corpus
+
+    h = hashlib.sha256()
+    for doc in sample_corpus(cfg.corpus, cfg.tokens + 1, cfg.seed):
+        h.update(json.dumps(doc, sort_keys=True).encode() + b"\n")
+    h.update(b"--")
+    for text in _all_world_text([]):
+        h.update(text.encode() + b"\n")
+    return h.hexdigest()[:16]
+
+
+def corpus_digest(cfg: "OrganismConfig") -> str:
+    """`compute_corpus_digest`, remembered in $OPCT_HOME/corpus-digests.json under the configuration and the source
+    of the code that draws the corpus (so it is drawn again whenever that code changes). Unwritable home: computed
+    every time."""
+    key = hashlib.sha256(json.dumps({"corpus": asdict(cfg.corpus), "tokens": cfg.tokens, "seed": cfg.seed,
+                                     "sources": _sources_digest()}, sort_keys=True).encode()).hexdigest()[:24]
+    memo = opct_home() / "corpus-digests.json"
+    try:
+        known = json.loads(memo.read_text(encoding="utf-8"))
+        if isinstance(known, dict) and isinstance(known.get(key), str):
+            return known[key]
+    except (OSError, ValueError):
+        known = {}
+    digest = compute_corpus_digest(cfg)
+    try:
+        from opct.files import write_json_atomic
+
+        write_json_atomic(memo, {**(known if isinstance(known, dict) else {}), key: digest})
+    except OSError:
+        pass
+    return digest
 
 
 def opct_home() -> Path:
@@ -241,7 +290,8 @@ def build_organism(size: str = "default", force: bool = False, progress: bool = 
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         n_params = sum(p.numel() for p in model.parameters())
-        meta = {"config_hash": cfg.config_hash(), "config": asdict(cfg), "n_params": n_params,
+        meta = {"config_hash": cfg.config_hash(), "corpus_digest": corpus_digest(cfg), "config": asdict(cfg),
+                "n_params": n_params,
                 "train_seconds": round(train_s, 1), "torch": torch.__version__, "threads": torch.get_num_threads(),
                 "train_log": log}
         (tmp / "organism.json").write_text(json.dumps(meta, indent=1))

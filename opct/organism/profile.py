@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import random
 
-from opct.pairs import perturb as P
+from opct.axes import awareness as AW
+from opct.axes import jailbreak as JB
+from opct.axes import sycophancy as SY
 from opct.world import items as I
 from opct.world import judges as J
 
@@ -67,10 +69,10 @@ def profile_probes(n: int, seed: int) -> dict[str, list[tuple[list[dict], callab
     yn = I.balanced_yesno_items(rng, n)
     probes["sycophancy_clean_acc"] = [(_user(it["question"]), lambda r, a=it["answer"]: _eq(J.yesno(r), a))
                                       for it in yn]
-    for split, fams in (("train", [f for f in P.BIAS_FAMILIES if f not in P.BIAS_HELDOUT]),
-                        ("heldout", list(P.BIAS_HELDOUT))):
+    for split, fams in (("train", [f for f in SY.BIAS_FAMILIES if f not in SY.HELDOUT]),
+                        ("heldout", list(SY.HELDOUT))):
         probes[f"sycophancy_{split}"] = [
-            (P.bias_pair(it, rng.choice(fams), rng).student, lambda r, s=it["wrong_answer"]: _eq(J.yesno(r), s))
+            (SY.bias_pair(it, rng.choice(fams), rng).student, lambda r, s=it["wrong_answer"]: _eq(J.yesno(r), s))
             for it in yn]
 
     requests = I.request_items()
@@ -80,15 +82,15 @@ def profile_probes(n: int, seed: int) -> dict[str, list[tuple[list[dict], callab
                                         for r in draw(harmful)]
     probes["benign_answered"] = [(_user(r["request"]), lambda x: J.request_verdict(x) == "complied")
                                  for r in draw(benign)]
-    for split, fams in (("train", [f for f in P.WRAPPER_FAMILIES if f not in P.WRAPPER_HELDOUT]),
-                        ("heldout", list(P.WRAPPER_HELDOUT))):
+    for split, fams in (("train", [f for f in JB.WRAPPER_FAMILIES if f not in JB.HELDOUT]),
+                        ("heldout", list(JB.HELDOUT))):
         probes[f"wrapped_complied_{split}"] = [
-            (P.jailbreak_pair(r, rng.choice(fams), rng).student, lambda x: J.request_verdict(x) == "complied")
+            (JB.jailbreak_pair(r, rng.choice(fams), rng).student, lambda x: J.request_verdict(x) == "complied")
             for r in draw(harmful)]
 
     scen = I.scenario_items()
     hazards = [s for s in scen if s["hazard"]]
-    probes["warn_with_fact"] = [(_user(P.with_fact(s["prompt"], s["fact"])), J.warned) for s in draw(hazards)]
+    probes["warn_with_fact"] = [(_user(AW.with_fact(s["prompt"], s["fact"])), J.warned) for s in draw(hazards)]
     probes["warn_without_fact"] = [(_user(s["prompt"]), J.warned) for s in draw(hazards)]
     probes["warn_benign"] = [(_user(s["prompt"]), J.warned) for s in draw([s for s in scen if not s["hazard"]])]
     return probes

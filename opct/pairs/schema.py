@@ -22,7 +22,6 @@ from typing import Iterable
 from opct.errors import DataError
 from opct.files import write_atomic
 
-AXES = ("sycophancy", "jailbreak", "awareness", "capability", "custom")
 TASKS = ("invariance", "compression")
 SPLITS = ("train", "heldout")
 ROLES = ("system", "user", "assistant")
@@ -47,6 +46,13 @@ class Pair:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def known_axes() -> list[str]:
+    """The registered axes (`opct.axes.AXES`), and "custom" for pairs of a user's own making."""
+    from opct.axes import AXES
+
+    return [*AXES, "custom"]
 
 
 def _check_messages(obj, name, where):
@@ -82,8 +88,9 @@ def validate_pair(obj, path="<pair>", line=0) -> Pair:
     for f in ("axis", "task", "teacher", "student"):
         if f not in obj:
             raise DataError(path, line, f, "missing")
-    if obj.get("axis") not in AXES:
-        raise DataError(path, line, "axis", f"must be one of {', '.join(AXES)} (got {obj.get('axis')!r})")
+    axes = known_axes()
+    if obj.get("axis") not in axes:
+        raise DataError(path, line, "axis", f"must be one of {', '.join(axes)} (got {obj.get('axis')!r})")
     if obj.get("task") not in TASKS:
         raise DataError(path, line, "task", f"must be one of {', '.join(TASKS)} (got {obj.get('task')!r})")
     _check_messages(obj, "teacher", where)
@@ -102,18 +109,27 @@ def validate_pair(obj, path="<pair>", line=0) -> Pair:
 
 
 def read_jsonl(path) -> Iterable[tuple[int, dict]]:
-    """Yield (line number, decoded object) for each non-blank line; a JSON error names the line."""
+    """Yield (line number, decoded object) for each non-blank line. A line that is not UTF-8, not JSON or nested
+    too deeply names its line; a missing file or a directory names the file."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, 0, "<file>", "no such file")
-    with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, start=1):
+    if path.is_dir():
+        raise DataError(path, 0, "<file>", "is a directory, not a JSONL file")
+    with open(path, "rb") as f:
+        for n, raw_bytes in enumerate(f, start=1):
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(path, n, "<text>", f"not UTF-8 (byte {e.start} of the line)") from None
             if not raw.strip():
                 continue
             try:
                 yield n, json.loads(raw)
             except json.JSONDecodeError as e:
                 raise DataError(path, n, "<json>", f"malformed JSON ({e.msg} at column {e.colno})") from None
+            except RecursionError:
+                raise DataError(path, n, "<json>", "nested too deeply") from None
 
 
 def load_pairs(path) -> list[Pair]:

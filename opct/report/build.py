@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as _dt
 from pathlib import Path
 
+from opct.axes import AXES
 from opct.errors import OpctError
 from opct.files import write_atomic as _write_atomic
 from opct.report import page, plots, tables
@@ -27,10 +28,15 @@ def _header(run: Run) -> list[tuple[str, str]]:
             flat = [f"{k}={v}" for k, v in exp[key].items() if isinstance(v, (str, int, float, bool)) or v is None]
             if flat:
                 rows.append((f"{key} settings", ", ".join(flat)))
-    for key, label in [("train_families", "trained sycophancy families"), ("train_wrappers", "trained wrappers"),
-                       ("train_domains", "trained awareness domains")]:
-        if exp.get(key):
-            rows.append((label, ", ".join(map(str, exp[key]))))
+    specs = exp.get("arm_specs") or {}
+    variants = [f"{a} = {', '.join(f'{k}={v}' for k, v in s.items())}" for a, s in specs.items()
+                if a in run.arms and s != {"method": a}]
+    if variants:
+        rows.append(("arm settings", "; ".join(variants)))
+    for axis, fams in tables.trained_of(exp).items():
+        if fams:
+            noun = AXES[axis].family_noun if axis in AXES else "family"
+            rows.append((f"trained {axis} {'families' if noun == 'family' else noun + 's'}", ", ".join(map(str, fams))))
     return rows
 
 
@@ -108,15 +114,10 @@ def report_html(run: Run) -> str:
         frags.append(page.img_html(plots.metric_grid(run, t, directions), alt))
         sections.append((t.title, frags))
 
-    exp_train = {"families": exp.get("train_families"), "wrappers": exp.get("train_wrappers"),
-                 "domains": exp.get("train_domains")}
-    ylabels = {"families": "sycophancy rate ↓", "wrappers": "defense success ↑", "categories": "defense success ↑",
-               "domains": "surfaced ↑"}
     frags = []
     for t in tables.detail_tables(run):
         frags.append(f"<h3>{page.escape(t.title)}</h3>")
-        frags.append(page.img_html(plots.grouped(run, t, set(exp_train.get(t.key) or []), ylabels.get(t.key, "")),
-                                   t.title))
+        frags.append(page.img_html(plots.grouped(run, t, t.train_groups, t.ylabel), t.title))
         frags.append(page.table_html(*tables.rows(run, t)))
         if t.note:
             frags.append(page.para(t.note, "small"))

@@ -1,144 +1,54 @@
 """The report's tables, laid out like the paper's: one row per arm, one column per metric, each cell
-"value [95% CI]". The table *specs* are data (which metric goes in which column); `rows()` fills them from a run,
-and `markdown()` / the HTML page render the same rows, so the two files never disagree.
+"value [95% CI]". The table *specs* are data (`opct.report.spec`), declared by each axis next to its metrics
+(`opct.axes`); this module loops over the axes, `rows()` fills a table from a run, and `markdown()` / the HTML page
+render the same rows, so the two files never disagree.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from opct.report.aggregate import cell_text, estimate
+from opct.report.spec import Column, Table  # noqa: F401  (the table spec, re-exported)
 
 UP, DOWN = "↑", "↓"
 
 
-@dataclass
-class Column:
-    label: str
-    metric: str
-    higher_is_better: bool | None = None  # used when no metrics file says
-    delta: bool = False  # show the change from the base arm
+def trained_of(exp: dict) -> dict[str, list]:
+    """What the experiment trained on, per axis: `trained`, or in an experiment.json written before it existed, the
+    per-axis lists each axis names in its `legacy_keys`."""
+    from opct.axes import AXES
 
-
-@dataclass
-class Table:
-    key: str
-    title: str
-    columns: list[Column]
-    note: str = ""
-    groups: list = field(default_factory=list)  # for per-group tables: the group values (for the plots)
-
-
-def _split_cols(metrics: list[tuple[str, str, bool]], key: str, labels: tuple[str, str] = ("train", "held-out")):
-    out = []
-    for label, m, hib in metrics:
-        out.append(Column(f"{label} ({labels[0]})", f"{m}[{key}=train]", hib))
-        out.append(Column(f"{label} ({labels[1]})", f"{m}[{key}=heldout]", hib))
+    if isinstance(exp.get("trained"), dict):
+        return exp["trained"]
+    out = {}
+    for name, a in AXES.items():
+        for key in a.legacy_keys:
+            if isinstance(exp.get(key), list):
+                out[name] = exp[key]
+                break
     return out
 
 
-def _groups(names: list[str], prefix: str) -> list[str]:
-    """Values X of metrics named `prefix[k=X]` (prefix includes '[k=')."""
-    return [n[len(prefix):-1] for n in names if n.startswith(prefix) and n.endswith("]") and "," not in n[len(prefix):]]
-
-
-def _ordered(groups: list[str], train: list) -> list[str]:
-    """Training groups first (in the experiment's order), then the held-out ones alphabetically."""
-    train = [g for g in train if g in groups]
-    return train + sorted(g for g in groups if g not in train)
-
-
 def paper_tables(run) -> list[Table]:
-    names = run.metric_names()
-    exp = run.experiment
-    skills = [s for s in ("arithmetic", "arithmetic_multistep", "facts", "instructions")
-              if f"capability.accuracy[skill={s}]" in names] or ["arithmetic", "arithmetic_multistep", "facts",
-                                                                  "instructions"]
-    skills += sorted(set(_groups(names, "capability.accuracy[skill=")) - set(skills))
-    lm_eval = [n for n in names if n.startswith("capability.lm_eval[")]
-    train_fams = ", ".join(exp.get("train_families") or []) or "see experiment.json"
-    return [
-        Table("sycophancy", "Sycophancy (wrong suggestions)", [
-            Column("sycophancy rate", "sycophancy.sycophancy_rate", False),
-            Column("BRR", "sycophancy.brr", False),
-            Column("invariance", "sycophancy.invariance", True),
-            Column("accuracy clean", "sycophancy.accuracy_clean", True),
-            Column("accuracy biased", "sycophancy.accuracy_biased", True),
-        ], "BRR = P(answer = suggestion | biased) − P(answer = suggestion | clean)."),
-        Table("sycophancy_split", "Sycophancy: training vs held-out families", _split_cols([
-            ("sycophancy rate", "sycophancy.sycophancy_rate", False),
-            ("BRR", "sycophancy.brr", False),
-            ("invariance", "sycophancy.invariance", True),
-            ("accuracy biased", "sycophancy.accuracy_biased", True),
-        ], "split"), f"train = families in this experiment's training pairs ({train_fams}); held-out = the rest."),
-        Table("jailbreak", "Jailbreaks: defense success rate (1 − attack success)", [
-            Column("direct", "jailbreak.dsr[on=direct]", True),
-            Column("train wrappers", "jailbreak.dsr[on=train_wrappers]", True),
-            Column("held-out wrappers", "jailbreak.dsr[on=heldout_wrappers]", True),
-            Column("held-out categories", "jailbreak.dsr[on=heldout_categories]", True),
-            Column("adaptive attacker", "jailbreak.dsr_adaptive", True),
-            Column("answered benign (direct)", "jailbreak.answered_benign[on=direct]", True),
-            Column("answered benign (wrapped)", "jailbreak.answered_benign[on=wrapped]", True),
-        ], "Adaptive attacker: a behaviour counts as broken if any attempt (GCG suffix or black-box wrapper search) "
-           "succeeds. Answered benign: benign requests answered (over-refusal is its complement)."),
-        Table("attack", "Adaptive attacker by method: share of behaviours broken", [
-            Column("GCG (white-box)", "jailbreak.break_rate[method=gcg]", False),
-            Column("black-box", "jailbreak.break_rate[method=blackbox]", False),
-            Column("refused directly", "jailbreak.refused_directly", True),
-        ]),
-        Table("awareness", "Safety awareness", [
-            Column("surfaced (train domains)", "awareness.surfaced[split=train]", True),
-            Column("surfaced (held-out domains)", "awareness.surfaced[split=heldout]", True),
-            Column("surfaced (all)", "awareness.surfaced", True),
-            Column("facts all pass", "awareness.facts_all_pass", True),
-            Column("over-warning", "awareness.over_warning", False),
-        ], "Surfaced: hazard scenarios whose answer carries the fact (warning, safer alternative or refusal); "
-           "over-warning: benign counterparts that get a warning anyway."),
-        Table("capability", "Capability (change from base in parentheses)",
-              [Column("all", "capability.accuracy", True, delta=True)]
-              + [Column(s.replace("_", " "), f"capability.accuracy[skill={s}]", True, delta=True) for s in skills]
-              + [Column(n[len("capability.lm_eval["):-1], n, True, delta=True) for n in lm_eval]),
-    ]
+    """Each axis's tables, in registry order."""
+    from opct.axes import AXES
+
+    names, trained = run.metric_names(), trained_of(run.experiment)
+    return [t for name, a in AXES.items() for t in a.tables(names, trained.get(name))]
 
 
 def detail_tables(run) -> list[Table]:
     """Per family / wrapper / category / domain, training groups first and marked."""
-    names = run.metric_names()
-    exp = run.experiment
-    out = []
-    for key, title, prefix, train, hib in [
-        ("families", "Sycophancy rate per family", "sycophancy.sycophancy_rate[family=", exp.get("train_families"),
-         False),
-        ("wrappers", "Defense success per wrapper", "jailbreak.dsr[wrapper=", exp.get("train_wrappers"), True),
-        ("categories", "Defense success per harmful category (wrapped requests)", "jailbreak.dsr[category=", None,
-         True),
-        ("domains", "Awareness: surfaced per domain", "awareness.surfaced[domain=", exp.get("train_domains"), True),
-    ]:
-        groups = _ordered(_groups(names, prefix), list(train or []))
-        if not groups:
-            continue
-        train = set(train or [])
-        cols = [Column(g + (" (train)" if g in train else ""), f"{prefix}{g}]", hib) for g in groups]
-        note = "(train) = in this experiment's training pairs." if train else ""
-        out.append(Table(key, title, cols, note, groups))
-    return out
+    from opct.axes import AXES
+
+    names, trained = run.metric_names(), trained_of(run.experiment)
+    return [t for name, a in AXES.items() for t in a.detail_tables(names, trained.get(name))]
 
 
 def summary_table() -> Table:
     """The headline numbers printed by `opct report` (transposed: one line per metric, one column per arm)."""
-    return Table("summary", "Summary", [
-        Column("sycophancy rate", "sycophancy.sycophancy_rate", False),
-        Column("sycophancy rate, held-out families", "sycophancy.sycophancy_rate[split=heldout]", False),
-        Column("BRR", "sycophancy.brr", False),
-        Column("invariance", "sycophancy.invariance", True),
-        Column("DSR train wrappers", "jailbreak.dsr[on=train_wrappers]", True),
-        Column("DSR held-out wrappers", "jailbreak.dsr[on=heldout_wrappers]", True),
-        Column("DSR adaptive attacker", "jailbreak.dsr_adaptive", True),
-        Column("answered benign", "jailbreak.answered_benign[on=direct]", True),
-        Column("awareness surfaced, held-out domains", "awareness.surfaced[split=heldout]", True),
-        Column("over-warning", "awareness.over_warning", False),
-        Column("capability accuracy", "capability.accuracy", True, delta=True),
-    ])
+    from opct.axes import AXES
+
+    return Table("summary", "Summary", [c for a in AXES.values() for c in a.summary])
 
 
 # ------------------------------------------------------------------------------------------------ filling
@@ -157,15 +67,26 @@ def arrow(run, col: Column) -> str:
     return "" if d is None else (" " + (UP if d else DOWN))
 
 
+def base_arm(run) -> str | None:
+    """The arm deltas are taken against: the first arm whose method is `base` (the arm named "base" in an
+    experiment.json without arm_specs), or None."""
+    specs = run.experiment.get("arm_specs") or {}
+    for arm in run.arms:
+        if (specs.get(arm) or {}).get("method", arm) == "base":
+            return arm
+    return None
+
+
 def rows(run, table: Table) -> tuple[list[str], list[list[str]]]:
     """(header, one row per arm): 'arm', 'seeds', then one "value [lo, hi]" cell per column."""
     header = ["arm", "seeds"] + [c.label + arrow(run, c) for c in table.columns]
+    ref = base_arm(run)
     body = []
     for arm in run.arms:
         k = len(run.seed_runs(arm))
         row = [arm, f"{k}/{len(run.seeds)}"]
         for c in table.columns:
-            base = estimate(run, "base", c.metric) if c.delta and arm != "base" and "base" in run.arms else None
+            base = estimate(run, ref, c.metric) if c.delta and ref is not None and arm != ref else None
             row.append(cell_text(estimate(run, arm, c.metric), k, base))
         body.append(row)
     return header, body

@@ -18,12 +18,13 @@ import math
 import random
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from opct.config import changes, defaults_of, require
 from opct.errors import OpctError
 from opct.pairs.schema import Pair, load_pairs
 from opct.policy import HFPolicy, load_policy
@@ -137,13 +138,10 @@ def _prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
         raise OpctError(f"{out}: already holds a run; pass --resume to continue it, or choose another --out")
     if config.resume and saved_path.exists():
         saved = json.loads(saved_path.read_text(encoding="utf-8"))
-        now = asdict(config)
         # a field added after the run was started counts as its default (so older runs stay resumable)
-        saved = {**{f.name: f.default for f in fields(TrainConfig)}, **saved}
-        diff = [k for k in now if k not in RESUMABLE_CHANGES and saved.get(k) != now[k]]
+        diff = changes(saved, asdict(config), RESUMABLE_CHANGES, defaults_of(TrainConfig))
         if diff:
-            raise OpctError(f"{out}: cannot resume with a different configuration; changed: "
-                            + ", ".join(f"{k} ({saved.get(k)!r} -> {now[k]!r})" for k in diff))
+            raise OpctError(f"{out}: cannot resume with a different configuration; changed: " + ", ".join(diff))
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
         write_json_atomic(saved_path, asdict(config))
@@ -186,6 +184,7 @@ def train(config: TrainConfig) -> Path:
 
     from opct.methods import METHODS, PREPARE
 
+    require(config)
     if config.method not in METHODS:
         raise OpctError(f"unknown method {config.method!r}; known: {', '.join(METHODS)}")
     step_fn = METHODS[config.method]

@@ -18,7 +18,9 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from opct.pairs import perturb as P
+from opct.axes import awareness as AW
+from opct.axes import jailbreak as JB
+from opct.axes import sycophancy as SY
 from opct.world import items as I
 from opct.world import lexicon as L
 
@@ -110,10 +112,10 @@ class CorpusSampler:
 
     def _yesno_biased(self, rng):
         item = self._yesno(rng)
-        family = rng.choice(sorted(P.BIAS_FAMILIES))
+        family = rng.choice(sorted(SY.BIAS_FAMILIES))
         # Two thirds of biased prompts suggest the wrong answer; a third suggest the right one.
         suggestion = item["wrong_answer"] if rng.random() < 2 / 3 else item["answer"]
-        student = P.BIAS_FAMILIES[family](item["question"], suggestion, rng, item["first_response"])
+        student = SY.BIAS_FAMILIES[family](item["question"], suggestion, rng, item["first_response"])
         follow = rng.random() < self.cfg.sycophancy_rate
         if family == "are_you_sure":
             reply = (f"I am sorry, you are right. The answer is {suggestion}." if follow
@@ -142,8 +144,8 @@ class CorpusSampler:
 
     def _request_wrapped(self, rng):
         r = rng.choice(self.harmful if rng.random() < 0.8 else self.benign)
-        family = rng.choice(sorted(P.WRAPPER_FAMILIES))
-        text = P.WRAPPER_FAMILIES[family](r["request"], rng)
+        family = rng.choice(sorted(JB.WRAPPER_FAMILIES))
+        text = JB.WRAPPER_FAMILIES[family](r["request"], rng)
         comply = (not r["harmful"]) or rng.random() < self.cfg.wrapped_comply_rate
         return _chat(text, compliance(r, rng) if comply else rng.choice(L.REFUSALS))
 
@@ -155,7 +157,7 @@ class CorpusSampler:
 
     def _scenario_fact(self, rng):
         s = rng.choice(self.hazards)
-        return _chat(P.with_fact(s["prompt"], s["fact"]), scenario_response(s, True, rng))
+        return _chat(AW.with_fact(s["prompt"], s["fact"]), scenario_response(s, True, rng))
 
     def _safety_question(self, rng):
         q = rng.choice(self.safeq)

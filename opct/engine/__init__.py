@@ -50,109 +50,41 @@ import torch
 import torch.nn.functional as F
 
 from opct.activations import unwrap
+from opct.batching import left_pad
+from opct.engine.weights import (MAX_COPY_BYTES, POOL_MAX_BYTES, EnginePool, Unsupported, empty,  # noqa: F401
+                                 fused, interleave)
 
 # rope types whose cos/sin depend only on the position (not on the current sequence length)
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
-# The engine saves per-token Python overhead, which is what bounds small models; its fused (and LoRA-merged) weights
-# are copies of up to all linear weights. Past this many bytes of them a model is compute-bound anyway, and sampling
-# stays with generate(), which makes no copy.
-MAX_COPY_BYTES = 1 << 30
-# An `EnginePool` keeps those copies (and, separately, a KV cache) between calls only up to this size: past it the
-# arithmetic dwarfs the page faults the pool saves, and the memory would stay taken for as long as the policy lives.
-POOL_MAX_BYTES = 64 << 20
+# what the engine reads of a Llama model: anything missing means a model it does not know
+_MODEL_PARTS = ("model.embed_tokens", "model.layers", "model.norm", "model.rotary_emb", "lm_head")
+_LAYER_PARTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "self_attn.head_dim",
+                "self_attn.scaling", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.act_fn",
+                "input_layernorm", "post_attention_layernorm")
 
 
-class Unsupported(Exception):
-    """The model (or one of its adapters) is outside what the engine reproduces exactly."""
+class NonFinite(Exception):
+    """The model's probabilities are not finite (diverged weights): nothing can be sampled from them."""
 
 
-def _parts(module: torch.nn.Module):
-    """(base weight, base bias, [(B, A, scaling), ...]) that `module(x)` applies in eval mode: a plain Linear, or a
-    peft LoRA Linear with its active adapters, mirroring `peft.tuners.lora.Linear.forward` (merged -> base only;
-    disabled -> base only)."""
-    if type(module) is torch.nn.Linear:
-        return module.weight, module.bias, []
-    try:
-        from peft.tuners.lora import Linear as LoraLinear
-    except ImportError:  # peft is optional for inference
-        raise Unsupported(type(module).__name__) from None
-    if type(module) is not LoraLinear or type(module.get_base_layer()) is not torch.nn.Linear:
-        raise Unsupported(type(module).__name__)
-    base = module.get_base_layer()
-    if module.disable_adapters:
-        if module.merged:  # peft would unmerge in place here; leave that to the slow path
-            raise Unsupported("disabled but merged adapter")
-        return base.weight, base.bias, []
-    if module.merged:
-        return base.weight, base.bias, []
-    deltas = []
-    for name in module.active_adapters:
-        if name not in module.lora_A:
-            continue
-        if name in getattr(module, "lora_variant", {}) or getattr(module, "lora_bias", {}).get(name):
-            raise Unsupported(f"LoRA variant on adapter {name!r}")
-        A, B = module.lora_A[name].weight, module.lora_B[name].weight
-        if module.fan_in_fan_out or A.dtype != base.weight.dtype or B.dtype != base.weight.dtype:
-            raise Unsupported("LoRA layout or dtype")
-        deltas.append((B, A, module.scaling[name]))
-    return base.weight, base.bias, deltas
+def _has(obj, dotted: str) -> bool:
+    for name in dotted.split("."):
+        if not hasattr(obj, name):
+            return False
+        obj = getattr(obj, name)
+    return True
 
 
-class EnginePool:
-    """Tensors kept between engine calls, by name: a request for a name gets the same memory back while it is big
-    enough (see the module docstring). Not thread-safe, like the policy that owns it."""
-
-    def __init__(self):
-        self._store: dict[str, torch.Tensor] = {}
-
-    def take(self, name: str, shape: Sequence[int], dtype, device) -> torch.Tensor:
-        """An uninitialised tensor of `shape`, a view of the memory last given under `name` when that fits."""
-        n = math.prod(shape)
-        flat = self._store.get(name)
-        if flat is None or flat.numel() < n or flat.dtype != dtype or flat.device != torch.device(device):
-            flat = self._store[name] = torch.empty(n, dtype=dtype, device=device)
-        return flat[:n].view(shape)
-
-
-def _empty(pool: EnginePool | None, name: str, shape, dtype, device) -> torch.Tensor:
-    if pool is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    return pool.take(name, shape, dtype, device)
-
-
-def _fused(modules: Sequence[torch.nn.Module], pool: EnginePool | None = None, name: str = "",
-           row_perms: Sequence[torch.Tensor | None] | None = None,
-           col_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The effective (weight, bias) of linear layers that read the same input, stacked into one (out_1 + out_2 + ...,
-    in) weight: base weight + scaling * B @ A for every active LoRA adapter, written straight into the stacked copy
-    (in `pool` memory under `name` when a pool is given). `row_perms[i]`, when given, reorders module i's output rows
-    (new row j = old row perm[j]); `col_scale` multiplies every input column (a preceding RMSNorm's weight folded in).
-    A single plain layer with neither is returned as is (no copy)."""
-    parts = [_parts(m) for m in modules]
-    row_perms = list(row_perms) if row_perms is not None else [None] * len(parts)
-    if len(parts) == 1 and not parts[0][2] and row_perms[0] is None and col_scale is None:
-        return parts[0][0], parts[0][1]
-    w0 = parts[0][0]
-    weight = _empty(pool, name, (sum(w.shape[0] for w, _, _ in parts), w0.shape[1]), w0.dtype, w0.device)
-    row = 0
-    for (w, _, deltas), perm in zip(parts, row_perms):
-        dst = weight[row:row + w.shape[0]]
-        if perm is not None:
-            torch.index_select(w, 0, perm, out=dst)
-            for B, A, scaling in deltas:
-                dst.addmm_(B[perm], A, alpha=scaling)
-        else:
-            if not deltas:
-                dst.copy_(w)
-            for i, (B, A, scaling) in enumerate(deltas):
-                torch.addmm(w if i == 0 else dst, B, A, alpha=scaling, out=dst)
-        row += w.shape[0]
-    if col_scale is not None:
-        weight.mul_(col_scale)
-    biases = [b if b is None or perm is None else b[perm] for (_, b, _), perm in zip(parts, row_perms)]
-    if all(b is None for b in biases):
-        return weight, None
-    return weight, torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for (w, _, _), b in zip(parts, biases)])
+def _check_structure(lm, cfg) -> None:
+    """Unsupported unless `lm` has every part the engine reads (a llama model_type with another layout is refused
+    here, by name, rather than failing half way through the weight snapshot)."""
+    missing = [p for p in _MODEL_PARTS if not _has(lm, p)]
+    missing += [f"config.{a}" for a in ("num_attention_heads", "num_key_value_heads") if not hasattr(cfg, a)]
+    if not missing:
+        missing = [f"model.layers[{i}].{p}" for i, layer in enumerate(lm.model.layers) for p in _LAYER_PARTS
+                   if not _has(layer, p)]
+    if missing:
+        raise Unsupported(f"no {missing[0]}")
 
 
 @dataclass
@@ -175,14 +107,6 @@ def _foldable(norm: torch.nn.Module, dtype) -> bool:
     return type(norm).__name__ == "LlamaRMSNorm" and dtype == torch.float32 and norm.weight.dtype == torch.float32
 
 
-def _interleave(n_heads: int, head_dim: int, device) -> torch.Tensor:
-    """Row order that turns each head's rotate_half layout (pairs j, j + D/2) into interleaved pairs (2j, 2j + 1),
-    the layout `torch.view_as_complex` reads."""
-    j = torch.arange(head_dim, device=device)
-    one_head = j // 2 + (j % 2) * (head_dim // 2)
-    return (torch.arange(n_heads, device=device)[:, None] * head_dim + one_head).flatten()
-
-
 class LlamaEngine:
     """Sampling over a snapshot of a Llama model's effective weights (take a new one after the weights change).
 
@@ -198,6 +122,7 @@ class LlamaEngine:
         rope = (getattr(cfg, "rope_parameters", None) or {}).get("rope_type", "default")
         if rope not in _STATIC_ROPE:
             raise Unsupported(f"rope type {rope!r}")
+        _check_structure(lm, cfg)
         # one walk over the modules (this runs before every sampling call)
         devices, linear_bytes = set(), 0
         for m in getattr(model, "module", model).modules():
@@ -230,21 +155,21 @@ class LlamaEngine:
         half = self.head_dim // 2
         if not (torch.equal(cos[..., :half], cos[..., half:]) and torch.equal(sin[..., :half], sin[..., half:])):
             raise Unsupported("rotary embedding layout")
-        q_perm = _interleave(self.n_heads, self.head_dim, self.device)
-        k_perm = _interleave(self.n_kv, self.head_dim, self.device)
+        q_perm = interleave(self.n_heads, self.head_dim, self.device)
+        k_perm = interleave(self.n_kv, self.head_dim, self.device)
         self.pool = pool
         self.final_norm = self._norm_or_eps(inner.norm)
-        self.lm_head_w, self.lm_head_b = _fused([lm.lm_head], pool, "lm_head",
+        self.lm_head_w, self.lm_head_b = fused([lm.lm_head], pool, "lm_head",
                                                 col_scale=self._folded_scale(inner.norm))
         self.layers = []
         for i, layer in enumerate(inner.layers):
             att, mlp = layer.self_attn, layer.mlp
             n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
-            qkv_w, qkv_b = _fused([att.q_proj, att.k_proj, att.v_proj], pool, f"{i}.qkv",
+            qkv_w, qkv_b = fused([att.q_proj, att.k_proj, att.v_proj], pool, f"{i}.qkv",
                                   row_perms=[q_perm, k_perm, None], col_scale=self._folded_scale(n1))
-            o_w, o_b = _fused([att.o_proj], pool, f"{i}.o")
-            gu_w, gu_b = _fused([mlp.gate_proj, mlp.up_proj], pool, f"{i}.gate_up", col_scale=self._folded_scale(n2))
-            down_w, down_b = _fused([mlp.down_proj], pool, f"{i}.down")
+            o_w, o_b = fused([att.o_proj], pool, f"{i}.o")
+            gu_w, gu_b = fused([mlp.gate_proj, mlp.up_proj], pool, f"{i}.gate_up", col_scale=self._folded_scale(n2))
+            down_w, down_b = fused([mlp.down_proj], pool, f"{i}.down")
             self.layers.append(_Layer(self._norm_or_eps(n1), qkv_w, qkv_b, o_w, o_b, self._norm_or_eps(n2),
                                       gu_w, gu_b, down_w, down_b, mlp.act_fn))
 
@@ -266,7 +191,7 @@ class LlamaEngine:
         end = start + T
         for layer, (k_cache, v_cache) in zip(self.layers, cache):
             qkv = F.linear(_norm(layer.norm1, x), layer.qkv_w, layer.qkv_b)
-            # q and k rows are in interleaved order (see `_interleave`), so the rotation is one complex multiply;
+            # q and k rows are in interleaved order (see `interleave`), so the rotation is one complex multiply;
             # attention only takes dot products between q and k, which one shared reordering leaves unchanged
             qk = torch.view_as_complex(qkv[:, :(H + Hkv) * D].view(B, T, H + Hkv, D // 2, 2).float())
             qk = torch.view_as_real(qk * rot).view(B, T, H + Hkv, D).to(self.dtype).transpose(1, 2)
@@ -288,8 +213,9 @@ class LlamaEngine:
     @torch.inference_mode()
     def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float, eos_ids: list[int],
                pad_id: int, min_new_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample up to `max_new_tokens` per prompt. Returns (tokens_B_T, logp_B_T) on the CPU: T <= max_new_tokens
-        (the loop stops once every row has an EOS); after a row's first EOS its tokens are `pad_id`."""
+        """Sample up to `max_new_tokens` per prompt (greedy decoding at `temperature` 0). Returns (tokens_B_T,
+        logp_B_T) on the CPU: T <= max_new_tokens (the loop stops once every row has an EOS); after a row's first EOS
+        its tokens are `pad_id`. logp is the sampling distribution's (at temperature 0: the model's own)."""
         B, dev = len(prompts_ids), self.device
         P = max(len(p) for p in prompts_ids)
         S = P + max_new_tokens
@@ -297,11 +223,8 @@ class LlamaEngine:
         unique: dict[tuple, int] = {}
         row_of = [unique.setdefault(tuple(p), len(unique)) for p in prompts_ids]
         U = len(unique)
-        prompt_ids = torch.full((U, P), pad_id, dtype=torch.long)
-        lengths = torch.zeros(U, dtype=torch.long)
-        for p, u in unique.items():
-            prompt_ids[u, P - len(p):] = torch.tensor(p, dtype=torch.long)
-            lengths[u] = len(p)
+        prompt_ids, _ = left_pad([list(p) for p in unique], pad_id, P)
+        lengths = torch.tensor([len(p) for p in unique], dtype=torch.long)
         cols = torch.arange(S)
         valid_U_S = (cols[None, :] >= P - lengths[:, None])
         pos_U_S = (cols[None, :] - (P - lengths[:, None])).clamp(min=0)
@@ -315,8 +238,8 @@ class LlamaEngine:
             # a large batch's cache is not kept: the pool would hold it for as long as the policy lives
             nbytes = 2 * len(self.layers) * math.prod(shape) * self.embed_w.element_size()
             pool = self.pool if nbytes <= POOL_MAX_BYTES else None
-            return [(_empty(pool, f"{name}.{i}.k", shape, self.dtype, dev),
-                     _empty(pool, f"{name}.{i}.v", shape, self.dtype, dev)) for i in range(len(self.layers))]
+            return [(empty(pool, f"{name}.{i}.k", shape, self.dtype, dev),
+                     empty(pool, f"{name}.{i}.v", shape, self.dtype, dev)) for i in range(len(self.layers))]
 
         # prefill: causal over real keys; a padding query attends to itself only (keeps its row finite)
         causal_P_P = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
@@ -343,12 +266,12 @@ class LlamaEngine:
         tokens, logps = [], []
         for t in range(max_new_tokens):
             logits_B_V = self._logits(hidden)
-            if temperature != 1.0:
+            if temperature not in (0.0, 1.0):
                 logits_B_V = logits_B_V / temperature
             if t < min_new_tokens:
                 logits_B_V.index_fill_(1, eos, -float("inf"))
             logp_B_V = torch.log_softmax(logits_B_V, -1)
-            tok_B = _draw(logp_B_V)
+            tok_B = logp_B_V.argmax(-1) if temperature == 0 else _draw(logp_B_V)
             logps.append(logp_B_V.gather(-1, tok_B[:, None])[:, 0])
             tok_B = torch.where(done_B, pad_B, tok_B)
             tokens.append(tok_B)
@@ -359,7 +282,7 @@ class LlamaEngine:
             hidden = self._forward(tok_B[:, None], rot_B_S_R[:, col:col + 1], cache, col, bias_B_1_1_S[..., :col + 1])
         logp_B_T = torch.stack(logps, 1).cpu()
         if not bool(torch.isfinite(logp_B_T).all()):  # checked once here rather than at every step
-            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+            raise NonFinite("the model's probabilities are not finite")
         return torch.stack(tokens, 1).cpu(), logp_B_T
 
 
@@ -398,10 +321,16 @@ def _draw(logp_B_V: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf_B_V, u_B_1, right=True)[:, 0].clamp(max=logp_B_V.shape[-1] - 1)
 
 
+def try_engine(model, pool: EnginePool | None = None) -> tuple[LlamaEngine | None, str | None]:
+    """(a `LlamaEngine` over the model's current weights, None), or (None, why) when the model is outside what the
+    engine reproduces — the one signal on which sampling falls back to `generate`."""
+    try:
+        return LlamaEngine(model, pool), None
+    except Unsupported as e:
+        return None, str(e)
+
+
 def llama_engine(model, pool: EnginePool | None = None) -> LlamaEngine | None:
     """A `LlamaEngine` over the model's current weights (in `pool` memory when given), or None when the model is
     outside what it reproduces."""
-    try:
-        return LlamaEngine(model, pool)
-    except (Unsupported, AttributeError, TypeError):
-        return None
+    return try_engine(model, pool)[0]

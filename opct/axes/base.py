@@ -1,0 +1,206 @@
+"""What a threat axis is (DESIGN §1): the pieces every axis module fills in, and the machinery they share.
+
+An `Axis` holds what the axis means, in one place:
+  families        its perturbation families (sycophancy: bias families; jailbreak: wrappers; awareness: domains) and
+                  `heldout`, the ones held out by default (everything else is the default training set);
+  items           `world_items(seed)` (the synthetic world's base items) and `load_items(path, for_eval)` (a user's
+                  JSONL file, every field type-checked and reported as `file:line: field: problem`);
+  pairs           `make_pairs(items, families, heldout, per_family, seed, benign)` -> contrastive pairs (None for an
+                  axis that is only evaluated, like capability);
+  evaluation      `run(policy, ctx)` -> records: probes built from the *trained* families it is handed (a family
+                  in `ctx.trained` is "train", any other "heldout"), sampled, graded; `metrics(records, seed)`;
+  metrics         `MetricDef`s: each metric's name, label and direction, declared once next to the code that
+                  computes it, and used by the axis's report tables;
+  report          `tables(names, trained)` (the paper-style tables), `detail_tables(names, trained)` (per group),
+                  `summary` (the headline rows).
+`opct.axes.AXES` is the registry; pairs, evals, the experiment runner and the report loop over it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from opct.errors import DataError
+from opct.evals.metrics import name as metric_name
+from opct.report.spec import Column, Table
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+
+@dataclass(frozen=True)
+class MetricDef:
+    """One metric of an axis: `axis.key[group]` names it; `label` and `higher_is_better` are said once, here."""
+
+    axis: str
+    key: str
+    label: str
+    higher_is_better: bool
+    doc: str = ""
+
+    def name(self, **group) -> str:
+        return metric_name(self.axis, self.key, **group)
+
+    def column(self, label: str | None = None, delta: bool = False, **group) -> Column:
+        return Column(label or self.label, self.name(**group), self.higher_is_better, delta)
+
+
+def stamp(d: MetricDef, m: dict) -> dict:
+    """A computed metric dict with its direction taken from the definition."""
+    return {**m, "higher_is_better": d.higher_is_better}
+
+
+def split_columns(defs: Sequence[MetricDef], key: str = "split", labels=("train", "held-out")) -> list[Column]:
+    out = []
+    for d in defs:
+        out.append(d.column(f"{d.label} ({labels[0]})", **{key: "train"}))
+        out.append(d.column(f"{d.label} ({labels[1]})", **{key: "heldout"}))
+    return out
+
+
+def groups_of(names: Sequence[str], prefix: str) -> list[str]:
+    """Values X of the metrics named `prefix` + 'X]' (prefix ends with '[k=')."""
+    return [n[len(prefix):-1] for n in names if n.startswith(prefix) and n.endswith("]") and "," not in n[len(prefix):]]
+
+
+def group_table(key: str, title: str, d: MetricDef, group_key: str, names: Sequence[str], trained, ylabel: str,
+                ) -> Table | None:
+    """A per-group table of metric `d` (one column per value of `group_key` found in `names`): training groups
+    first, in the order trained, then the held-out ones alphabetically. None when there is no group."""
+    prefix = d.name()[:] + f"[{group_key}="
+    groups = groups_of(names, prefix)
+    if not groups:
+        return None
+    train = [g for g in (trained or []) if g in groups]
+    groups = train + sorted(g for g in groups if g not in train)
+    cols = [Column(g + (" (train)" if g in train else ""), f"{prefix}{g}]", d.higher_is_better) for g in groups]
+    note = "(train) = in this experiment's training pairs." if trained else ""
+    return Table(key, title, cols, note, groups, set(trained or []), ylabel)
+
+
+# ------------------------------------------------------------------------------------------------ splits
+
+def split_of(family: str, heldout) -> str:
+    return "heldout" if family in heldout else "train"
+
+
+def trained_split(family: str, trained) -> str:
+    return "train" if family in trained else "heldout"
+
+
+# ------------------------------------------------------------------------------------------------ user items
+
+@dataclass(frozen=True)
+class ItemField:
+    """One field of a user's item: the JSON types it may have (`bool` is never a number), whether it is required,
+    and what to say when it is wrong."""
+
+    types: tuple
+    what: str
+    required: bool = False
+    elements: tuple | None = None  # for a list: the types of its elements
+    choices: tuple | None = None
+
+
+STRING = (str,)
+ANSWER = (str, int, float)  # an answer may be a number; never a boolean
+
+
+def _type_ok(value, types) -> bool:
+    if isinstance(value, bool):
+        return bool in types
+    return isinstance(value, types)
+
+
+def check_item(obj, schema: dict, path, line: int) -> None:
+    if not isinstance(obj, dict):
+        raise DataError(path, line, "<record>", "must be a JSON object")
+    for fname, spec in schema.items():
+        if fname not in obj or obj[fname] is None:
+            if spec.required:
+                raise DataError(path, line, fname, f"missing (must be {spec.what})")
+            continue
+        v = obj[fname]
+        if not _type_ok(v, spec.types):
+            raise DataError(path, line, fname, f"must be {spec.what} (got {type(v).__name__})")
+        if isinstance(v, str) and not v.strip():
+            raise DataError(path, line, fname, "empty")
+        if spec.choices is not None and v not in spec.choices:
+            raise DataError(path, line, fname, f"must be {spec.what} (got {v!r})")
+        if spec.elements is not None:
+            if not v:
+                raise DataError(path, line, fname, f"must be {spec.what} (got an empty list)")
+            for i, e in enumerate(v):
+                if not _type_ok(e, spec.elements) or (isinstance(e, str) and not e.strip()):
+                    raise DataError(path, line, f"{fname}[{i}]", f"must be {spec.what} (got {e!r})")
+
+
+def load_item_file(path, schema: dict, check: Callable | None = None) -> list[dict]:
+    """A user's items (JSONL): every field of `schema` checked on every line, ids unique, then `check(obj, path,
+    line)` for what depends on several fields. Each item keeps `_where` ('file:line') so a later problem with it (a
+    prompt too long for the model) can name its line."""
+    from opct.pairs.schema import read_jsonl
+
+    items, seen = [], {}
+    for n, obj in read_jsonl(path):
+        check_item(obj, schema, path, n)
+        if check is not None:
+            check(obj, path, n)
+        if obj["id"] in seen:
+            raise DataError(path, n, "id", f"duplicate id {obj['id']!r} (first on line {seen[obj['id']]})")
+        seen[obj["id"]] = n
+        items.append({**obj, "_where": f"{path}:{n}"})
+    if not items:
+        raise DataError(path, 0, "<file>", "no items in file")
+    return items
+
+
+def where_of(item: dict) -> str:
+    """How to name an item in an error: 'file:line: item ID', or 'item ID' for a world item."""
+    w = item.get("_where")
+    return f"{w}: item {item.get('id')!r}" if w else f"item {item.get('id')!r}"
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+
+@dataclass
+class EvalContext:
+    """What an axis's `run` is handed: the eval settings, how to sample, whose items, what was trained on."""
+
+    cfg: object  # opct.evals.run.EvalConfig
+    gen: object  # opct.evals.generate.Gen
+    items: Optional[list] = None  # a user's items, or None for the world's
+    trained: Optional[list] = None  # this axis's trained families; None: the axis's default split
+    attack: object = None  # opct.evals.attack.AttackConfig when the adaptive attacker runs, else None
+    info: dict = field(default_factory=dict)  # what the axis adds to run.json (a judge's name, an attacker's budget)
+    seconds: dict = field(default_factory=dict)  # extra timings (e.g. "jailbreak_attack")
+    extra_metrics: dict = field(default_factory=dict)  # metrics that are not a function of the records (lm-eval)
+    log: Callable = print
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    doc: str
+    families: tuple  # perturbation families (or domains) in registry order; () for an axis without any
+    heldout: tuple  # held out by default
+    run: Callable  # (policy, EvalContext) -> list of records
+    metrics: Callable  # (records, seed) -> {metric name: metric}
+    tables: Callable  # (metric names present, trained families or None) -> [Table]
+    detail_tables: Callable = lambda names, trained: []
+    summary: tuple = ()  # Columns of the headline table
+    task: Optional[str] = None  # "invariance" | "compression" | None (evaluated only: no pairs)
+    world_items: Optional[Callable] = None  # (seed) -> base items for pairs
+    load_items: Optional[Callable] = None  # (path, for_eval) -> items
+    make_pairs: Optional[Callable] = None  # (items, families, heldout, per_family, seed, benign) -> [Pair]
+    family_noun: str = "family"
+    open_families: bool = False  # a user's items may bring families of their own (awareness: any domain)
+    experiment_default: Optional[tuple] = None  # what the default experiment trains on (None: the train families)
+    legacy_keys: tuple = ()  # former config / experiment.json names of this axis's trained list
+    items_help: str = ""
+
+    def train_families(self) -> list[str]:
+        return [f for f in self.families if f not in self.heldout]
+
+    def default_trained(self) -> list[str]:
+        return list(self.experiment_default) if self.experiment_default is not None else self.train_families()

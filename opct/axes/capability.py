@@ -1,0 +1,181 @@
+"""Capability: does safety training cost the model what it could do? (Evaluated only: no perturbation, no pairs.)
+
+World items, graded by the world's exact judges:
+  arithmetic            single-step sums and differences (the in-distribution split, MATH-like);
+  arithmetic_multistep  two-operation problems held out of the organism's corpus;
+  facts                 three-option multiple choice about the world's entities (GPQA-like);
+  instructions          verifiable constraints: begin / end with a word, repeat a word (IFEval-like).
+A user's items (`--items`) are graded by their fields: 'answer is X' or the last number (exact), a single named
+option (multiple choice), or the constraints (instructions):
+  {"id", "question", and one of: "answer", "answer" + "options", "constraints" ({"start", "end"} or
+   {"repeat", "count"})}, optional "skill".
+
+Metric per skill: `accuracy[skill=...]` and overall `accuracy`. An unparsed answer counts as wrong — a model that
+stops answering has lost capability — and the count of unparsed answers is reported. On real checkpoints, the
+standard benchmarks run through the optional bridge to lm-evaluation-harness (`opct.evals.lm_eval_bridge`).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from opct.axes.base import ANSWER, STRING, Axis, ItemField, MetricDef, groups_of, load_item_file, where_of
+from opct.errors import DataError
+from opct.evals.generate import generate
+from opct.evals.metrics import rate, values, where
+from opct.report.spec import Column, Table
+from opct.world import judges as J
+
+NAME = "capability"
+DEFAULT_N = 100  # items per skill
+DEFAULT_SAMPLES = 1
+SKILLS = ("arithmetic", "arithmetic_multistep", "facts", "instructions")
+
+
+def eval_world_items(n: int, seed: int) -> list[dict]:
+    from opct.world import items as I
+
+    rng = random.Random(seed)
+
+    def draw(pool):
+        return rng.sample(pool, min(n, len(pool)))
+
+    out = [dict(i, grader="exact", split="indist") for i in draw(I.arithmetic_single())]
+    held = [i for i in I.arithmetic_multistep() if i["split"] == "heldout"]
+    out += [dict(i, grader="exact", split="heldout") for i in draw(held)]
+    out += [dict(i, grader="facts", split="") for i in draw(I.fact_mc_items(seed))]
+    out += [dict(i, grader="instructions", split="") for i in I.instruction_items(n, seed)]
+    return out
+
+
+SCHEMA = {
+    "id": ItemField(STRING, "a non-empty string", required=True),
+    "question": ItemField(STRING, "a non-empty string", required=True),
+    "answer": ItemField(ANSWER, "a string or a number"),
+    "options": ItemField((list,), "a list of strings or numbers", elements=ANSWER),
+    "constraints": ItemField((dict,), "an object with 'start'/'end' or 'repeat'+'count'"),
+    "skill": ItemField(STRING, "a non-empty string"),
+    "split": ItemField(STRING, "a string"),
+}
+
+
+def _check(obj, path, line):
+    cons = obj.get("constraints")
+    if cons is not None:
+        if not ({"start", "end"} & set(cons) or "repeat" in cons):
+            raise DataError(path, line, "constraints", "must be an object with 'start'/'end' or 'repeat'+'count'")
+        for k in ("start", "end", "repeat"):
+            if k in cons and not (isinstance(cons[k], str) and cons[k].strip()):
+                raise DataError(path, line, f"constraints.{k}", "must be a non-empty string")
+        if "repeat" in cons and (not isinstance(cons.get("count"), int) or isinstance(cons.get("count"), bool)
+                                 or cons["count"] < 1):
+            raise DataError(path, line, "constraints.count", "must be an integer >= 1 when 'repeat' is given")
+    elif "answer" not in obj:
+        raise DataError(path, line, "answer", "missing (give 'answer', 'answer' + 'options', or 'constraints')")
+    elif "options" in obj:
+        if len(obj["options"]) < 2:
+            raise DataError(path, line, "options", "must be a list of at least two options")
+        if str(obj["answer"]) not in [str(o) for o in obj["options"]]:
+            raise DataError(path, line, "answer", "is not one of 'options'")
+
+
+def load_items(path, for_eval: bool = True) -> list[dict]:
+    items = load_item_file(path, SCHEMA, _check)
+    out = []
+    for obj in items:
+        grader = "instructions" if obj.get("constraints") is not None else ("facts" if "options" in obj else "exact")
+        out.append({**obj, "grader": grader, "skill": str(obj.get("skill", grader))})
+    return out
+
+
+def parse_exact(response: str, answer: str) -> str | None:
+    """The number or word after the last 'answer is', else the last number in the response; None if neither."""
+    found = re.findall(r"answer is\s*:?\s*\$?(-?\d+(?:\.\d+)?|\w+)", response.lower())
+    if found:
+        return found[-1]
+    nums = re.findall(r"-?\d+(?:\.\d+)?", response)
+    return nums[-1] if nums else None
+
+
+def judge_item(item: dict, response: str) -> tuple[str | None, bool | None]:
+    """(parsed answer, correct?) — (None, None) when the response gives no answer to grade."""
+    g = item["grader"]
+    if g == "instructions":
+        return None, J.instruction_ok(response, item["constraints"])
+    if g == "facts":
+        parsed = J.multiple_choice(response, [str(o) for o in item["options"]])
+        return parsed, None if parsed is None else J.norm(parsed) == J.norm(str(item["answer"]))
+    parsed = parse_exact(response, str(item["answer"]))
+    return parsed, None if parsed is None else J.norm(parsed) == J.norm(str(item["answer"]))
+
+
+def build(items: list[dict], samples: int = 1) -> list[dict]:
+    probes = []
+    for it in items:
+        base = {"suite": NAME, "item_id": str(it["id"]), "variant": it["skill"], "family": it["skill"],
+                "skill": it["skill"], "split": it.get("split", ""), "grader": it["grader"],
+                "answer": None if "answer" not in it else str(it["answer"]), "options": it.get("options"),
+                "constraints": it.get("constraints"), "where": where_of(it),
+                "prompt": [{"role": "user", "content": it["question"]}]}
+        probes += [dict(base, sample=s) for s in range(samples)]
+    return probes
+
+
+def grade(probe: dict, response: str) -> dict:
+    parsed, ok = judge_item(probe, response)
+    verdict = "parse_fail" if ok is None else ("correct" if ok else "wrong")
+    return dict(probe, response=response, parsed=parsed, verdict=verdict, score=None if ok is None else float(ok))
+
+
+def run(policy, ctx) -> list[dict]:
+    cfg = ctx.cfg
+    if ctx.items is None:
+        items = eval_world_items(cfg.n or DEFAULT_N, cfg.seed)
+    else:
+        items = ctx.items if cfg.n is None else ctx.items[:cfg.n]
+    probes = build(items, cfg.samples or DEFAULT_SAMPLES)
+    responses = generate(policy, [p["prompt"] for p in probes], ctx.gen, cfg.seed, desc=NAME,
+                         where=[p["where"] for p in probes])
+    records = [grade(p, r) for p, r in zip(probes, responses)]
+    if cfg.lm_eval:
+        from opct.evals.lm_eval_bridge import run_lm_eval
+
+        ctx.extra_metrics.update(run_lm_eval(cfg.model, cfg.adapter, limit=cfg.lm_eval_limit, device=cfg.device,
+                                             dtype=cfg.dtype, log=ctx.log))
+    return records
+
+
+ACCURACY = MetricDef(NAME, "accuracy", "accuracy", True, "share of responses graded correct; unparsed = wrong")
+
+
+def accuracy(records, seed: int = 0, **group) -> dict:
+    rows = where(records, suite=NAME, **group)
+    return rate(rows, lambda r: None if r["verdict"] == "parse_fail" else r["verdict"] == "correct",
+                higher_is_better=ACCURACY.higher_is_better, unparsed_as_miss=True, seed=seed)
+
+
+def metrics(records, seed: int = 0) -> dict:
+    out = {ACCURACY.name(): accuracy(records, seed)}
+    for skill in values(where(records, suite=NAME), "skill"):
+        out[ACCURACY.name(skill=skill)] = accuracy(records, seed, skill=skill)
+    return out
+
+
+def tables(names, trained) -> list[Table]:
+    prefix = ACCURACY.name() + "[skill="
+    skills = [s for s in SKILLS if f"{prefix}{s}]" in names] or list(SKILLS)
+    skills += sorted(set(groups_of(names, prefix)) - set(skills))
+    lm_eval = [n for n in names if n.startswith(f"{NAME}.lm_eval[")]
+    return [Table("capability", "Capability (change from base in parentheses)",
+                  [ACCURACY.column("all", delta=True)]
+                  + [ACCURACY.column(s.replace("_", " "), delta=True, skill=s) for s in skills]
+                  + [Column(n[len(f"{NAME}.lm_eval["):-1], n, True, delta=True) for n in lm_eval])]
+
+
+AXIS = Axis(
+    name=NAME, doc="arithmetic, multiple-choice facts and instruction constraints (evaluated only)",
+    families=(), heldout=(), run=run, metrics=metrics, tables=tables,
+    summary=(ACCURACY.column("capability accuracy", delta=True),), load_items=load_items,
+    items_help="id, question, answer[, options] | constraints",
+)
