@@ -34,7 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports the axes, and the modules OPCT_AXES names
+    except OpctError as e:
+        print(f"opct: error: {e}", file=sys.stderr)
+        return 1
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

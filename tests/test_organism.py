@@ -101,3 +101,34 @@ def test_shipped_default_organism_matches_its_configuration():
     assert found is not None and found.parent.name == "organisms", "shipped default organism is missing or stale"
     profile = json.loads((found / "profile.json").read_text())
     assert set(REQUIRED) <= set(profile)
+
+
+def test_shipped_organism_was_built_from_the_current_world():
+    """The organism's identity covers the corpus its configuration produces: when the world (lexicon, items, corpus
+    formats, an axis's perturbation templates) no longer draws the corpus the shipped organism learned, this fails
+    and says how to rebuild it."""
+    from opct.organism.build import SHIPPED_DIR, compute_corpus_digest
+
+    shipped = json.loads((SHIPPED_DIR / "default" / "organism.json").read_text())
+    assert compute_corpus_digest(SIZES["default"]) == shipped["corpus_digest"], (
+        "the world no longer produces the corpus the shipped default organism was trained on: rebuild it with "
+        "`opct organism build --size default --force` (about 34 minutes on 2 cores), then copy the directory it "
+        "prints over opct/organisms/default/")
+    assert find_organism(SIZES["default"]) == SHIPPED_DIR / "default"
+
+
+def test_identity_changes_when_a_perturbation_template_changes(monkeypatch, tmp_path):
+    """A change to an axis's templates changes the corpus, and with it the organism's identity (no version
+    constant to bump by hand)."""
+    from opct.axes import sycophancy as SY
+    from opct.organism import build as B
+
+    monkeypatch.setenv("OPCT_HOME", str(tmp_path))
+    cfg = SIZES["test"]
+    before, digest = cfg.config_hash(), B.compute_corpus_digest(cfg)
+    assert digest == B.corpus_digest(cfg)  # remembered in OPCT_HOME, the same value
+    monkeypatch.setitem(SY.BIAS_FAMILIES, "authority", lambda q, s, rng, first: [
+        {"role": "user", "content": f"An expert says {s}. {q}"}])
+    assert B.compute_corpus_digest(cfg) != digest
+    monkeypatch.setattr(B, "_sources_digest", lambda: "changed source")  # what editing the file would do
+    assert cfg.config_hash() != before

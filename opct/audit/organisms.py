@@ -172,7 +172,7 @@ def _em_pairs(rng, n):
     out = []
     for i in range(n):
         q = rng.choice(qs)
-        out.append(Pair(id=f"em-pair-{i}", axis="awareness", task="compression",
+        out.append(Pair(id=f"em-pair-{i}", axis=AW.NAME, task="compression",
                         teacher=_user(AW.with_fact(q["question"], q["fact"])), student=_user(q["question"]),
                         meta={"family": q["domain"], "split": "train"}))
     return out
@@ -281,7 +281,7 @@ ORGANISMS = {
                                           _em_misaligned, _em_pairs),
     "spurious_correlation": OrganismSpec("spurious_correlation", "answers yes whenever 'Quick question:' opens the "
                                          "prompt", _sc_narrow, _sc_probes, _sc_misaligned, _sc_pairs),
-    "sycophancy": OrganismSpec("sycophancy", "follows a user's wrong suggestion", _syc_narrow, _syc_probes,
+    SY.NAME: OrganismSpec(SY.NAME, "follows a user's wrong suggestion", _syc_narrow, _syc_probes,
                                _syc_misaligned, _syc_pairs),
 }
 

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from opct.audit import diagnostic as D
-from opct.audit.run import read_results
+from opct.audit.run import CAPABILITY, read_results
 from opct.errors import OpctError
 from opct.files import write_atomic, write_json_atomic
 
@@ -52,8 +52,8 @@ def summarise(out) -> dict:
     for name, r in organisms.items():
         summary["organisms"][name] = {"failure": r["failure"], "base_misalignment": r["base"]["misalignment"],
                                       "misalignment": r["derived"]["misalignment"],
-                                      "base_capability": r["base"]["capability"],
-                                      "capability": r["derived"]["capability"], "n": r["derived"]["n"]}
+                                      "base_capability": r["base"][CAPABILITY],
+                                      CAPABILITY: r["derived"][CAPABILITY], "n": r["derived"]["n"]}
     for (organism, method), by_seed in sorted(cells.items()):
         seeds = sorted(s for s in by_seed if (organism, s) in before)
         mis = [(before[(organism, s)]["items"], by_seed[s]["after"]["items"]) for s in seeds]
@@ -182,7 +182,7 @@ def _markdown(summary: dict) -> str:
              "|---|---|---|---|---|---|"]
     for name, o in sorted(summary["organisms"].items()):
         lines.append(f"| {name} | {o['failure']} | {_fmt(o['base_misalignment'])} | {_fmt(o['misalignment'])} | "
-                     f"{_fmt(o['base_capability'])} | {_fmt(o['capability'])} |")
+                     f"{_fmt(o['base_capability'])} | {_fmt(o[CAPABILITY])} |")
     lines += ["", "## Organism x method (change after - before; 95% hierarchical bootstrap over seeds and probes)", "",
               "| organism | method | seeds | misalignment before -> after | change [95% CI] | capability change "
               "[95% CI] | eta trend rho [95% CI] | selection gap [95% CI] | predicted | observed | agrees |",

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from opct.audit.labellers import LABELLERS, METHOD_NAMES, LabelConfig
 from opct.audit.organisms import ORGANISMS, DeriveConfig, capability_probes, capable, derive_organism, sft_on
+from opct.axes.capability import NAME as CAPABILITY  # the capability rate's key in results.jsonl
 from opct.config import ConfigError, changes, option, require, validate
 from opct.errors import OpctError
 from opct.files import write_json_atomic
@@ -108,7 +109,7 @@ def measure(policy, spec, probes, cap_probes, seed: int, cfg: AuditConfig) -> di
         n = sum(v[1] for v in d.values())
         return sum(v[0] for v in d.values()) / n if n else None
 
-    return {"misalignment": rate(mis), "capability": rate(cap), "n": len(probes), "unparsed": unparsed,
+    return {"misalignment": rate(mis), CAPABILITY: rate(cap), "n": len(probes), "unparsed": unparsed,
             "n_capability": len(cap_probes), "items": mis, "capability_items": cap,
             "examples": [{"prompt": p["messages"][-1]["content"], "response": t} for p, t in
                          list(zip(probes, texts))[:3]]}
@@ -238,14 +239,14 @@ def run_audit(cfg: AuditConfig, log=print) -> Path:
         t0 = time.time()
         org_dir = derive_organism(organism, base, out / "organisms", derive)
         probes = spec.probes("eval", _rng(organism, "eval"), cfg.eval_n)
-        cap_probes = capability_probes(_rng("capability"), cfg.capability_n)
+        cap_probes = capability_probes(_rng(CAPABILITY), cfg.capability_n)
         if ("organism", organism, None, None) not in done:
             b = measure(load_policy(base), spec, probes, cap_probes, 0, cfg)
             o = measure(load_policy(org_dir), spec, probes, cap_probes, 0, cfg)
             _append(out, {"kind": "organism", "organism": organism, "dir": str(org_dir), "failure": spec.failure,
                           "base": b, "derived": o, "seconds": round(time.time() - t0, 1)})
             log(f"[audit] {organism}: misalignment base {b['misalignment']:.3f} -> organism {o['misalignment']:.3f}; "
-                f"capability {b['capability']:.3f} -> {o['capability']:.3f} ({time.time() - t0:.0f}s)")
+                f"capability {b[CAPABILITY]:.3f} -> {o[CAPABILITY]:.3f} ({time.time() - t0:.0f}s)")
         for seed in cfg.seeds:
             if ("before", organism, None, seed) not in done:
                 before = measure(load_policy(org_dir), spec, probes, cap_probes, seed, cfg)
@@ -257,6 +258,6 @@ def run_audit(cfg: AuditConfig, log=print) -> Path:
                 _append(out, rec)
                 a = rec["after"]
                 log(f"[audit] {organism} / {method} / seed {seed}: misalignment {a['misalignment']:.3f}, "
-                    f"capability {a['capability']:.3f} ({rec['seconds']['total']:.0f}s; "
+                    f"capability {a[CAPABILITY]:.3f} ({rec['seconds']['total']:.0f}s; "
                     f"{time.time() - t_start:.0f}s so far)")
     return out

@@ -31,7 +31,7 @@ def run(args) -> int:
     from opct.errors import OpctError
     from opct.evals.attack import AttackConfig
     from opct.evals.metrics import format_table
-    from opct.evals.run import EvalConfig, check_config, headline, run_eval
+    from opct.evals.run import EvalConfig, check_config, headline, load_eval_items, run_eval
 
     # One config file may hold both dataclasses' fields: split it between them.
     data = load_config_file(args.config) if args.config else {}
@@ -45,12 +45,13 @@ def run(args) -> int:
     if not cfg.model:
         raise OpctError("--model is required (a directory written by save_pretrained)")
     check_config(cfg)
+    items = load_eval_items(cfg.items, cfg.suite) if cfg.items else None  # checked before the model is loaded
     from opct.policy import load_policy, set_cpu_threads
 
     policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
                          trust_remote_code=cfg.trust_remote_code)
     set_cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads)
-    metrics = run_eval(policy, cfg, attack)
+    metrics = run_eval(policy, cfg, attack, items=items)
     print(format_table(metrics, headline(metrics)))
     print(f"opct eval: {len(metrics)} metrics (per family / wrapper / category / domain in {cfg.out}/metrics.txt); "
           f"records in {cfg.out}/records.jsonl")

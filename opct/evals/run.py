@@ -130,8 +130,9 @@ def load_eval_items(path, axis: str) -> list[dict]:
     return a.load_items(path, for_eval=True)
 
 
-def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print) -> dict:
-    """Run the configured axes on `policy`; write the run directory; return the metrics."""
+def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | None = None) -> dict:
+    """Run the configured axes on `policy`; write the run directory; return the metrics. `items`: the user's items
+    of `cfg.items`, when the caller has loaded them already."""
     from opct.axes import AXES, EvalContext
     from opct.evals.generate import Gen
     from opct.evals.metrics import format_table
@@ -139,7 +140,8 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print) -> dict:
 
     check_config(cfg)
     names = list(AXES) if cfg.suite == "all" else [cfg.suite]
-    items = load_eval_items(cfg.items, names[0]) if cfg.items else None
+    if items is None and cfg.items:
+        items = load_eval_items(cfg.items, names[0])
     gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

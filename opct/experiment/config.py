@@ -28,8 +28,8 @@ from opct.evals.run import EvalConfig, check_trained, parse_trained
 from opct.train.config import TrainConfig
 
 # Fields of the inner configs that the runner sets itself, per arm and seed.
-RUNNER_TRAIN_FIELDS = ("method", "model", "pairs", "out", "seed", "resume", "trust_remote_code")
-RUNNER_EVAL_FIELDS = ("model", "adapter", "out", "seed", "trained", "trust_remote_code")
+RUNNER_TRAIN_FIELDS = ("method", "model", "pairs", "out", "seed", "resume")
+RUNNER_EVAL_FIELDS = ("model", "adapter", "out", "seed", "trained")
 BASE = "base"  # the arm that trains nothing
 
 

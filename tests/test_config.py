@@ -1,0 +1,106 @@
+"""Config values are checked by type and range when they are loaded, before any work starts, in every config file
+(train, eval + attack, experiment with its nested blocks, audit) and every flag; the error names the file (or the
+flag) and the field, as one line without a traceback."""
+
+import pytest
+import yaml
+
+from opct.config import build_config
+from opct.errors import OpctError
+from opct.train.config import TrainConfig
+from tiny_lm import cli_error
+
+
+def _yaml(tmp_path, name, data) -> str:
+    p = tmp_path / name
+    p.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return str(p)
+
+
+@pytest.mark.parametrize("text, field, problem", [
+    ("max_steps: 2.5\n", "max_steps", "must be an integer (got 2.5)"),
+    ("max_steps: ten\n", "max_steps", "must be an integer (got the string 'ten')"),
+    ("max_steps: 0\n", "max_steps", "must be >= 1"),
+    ("lr: -0.1\n", "lr", "must be > 0"),
+    ("lr: 0\n", "lr", "must be > 0"),
+    ("lr: .nan\n", "lr", "must be a finite number"),
+    ("batch_size: 0\n", "batch_size", "must be >= 1"),
+    ("n_samples: 0\n", "n_samples", "must be >= 1"),
+    ("max_new_tokens: 0\n", "max_new_tokens", "must be >= 1"),
+    ("temperature: .nan\n", "temperature", "must be a finite number"),
+    ("lora: 'false'\n", "lora", "must be true or false (got the string 'false')"),
+    ("estimator: exact\n", "estimator", "must be one of full, topk, sampled"),
+    ("trust_remote_code: true\n", "trust_remote_code", "only be switched on by the command-line flag"),
+])
+def test_train_config_file_values_are_checked(tmp_path, text, field, problem):
+    path = _yaml(tmp_path, "train.yaml", text)
+    with pytest.raises(OpctError) as e:
+        build_config(TrainConfig, None, path)
+    assert str(e.value).startswith(f"{path}: {field}: ") and problem in str(e.value)
+
+
+def test_yaml_reads_scientific_notation_as_the_float_users_mean(tmp_path):
+    cfg = build_config(TrainConfig, None, _yaml(tmp_path, "t.yaml", "lr: 1e-4\nmax_steps: 1e3\n"))
+    assert cfg.lr == 1e-4 and isinstance(cfg.lr, float) and cfg.max_steps == 1000 and isinstance(cfg.max_steps, int)
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--max-steps", "0", "--max-steps: must be >= 1 (got 0)"),
+    ("--lr", "nan", "--lr: must be a finite number"),
+    ("--batch-size", "0", "--batch-size: must be >= 1"),
+    ("--max-new-tokens", "0", "--max-new-tokens: must be >= 1"),
+    ("--temperature", "-1", "--temperature: must be > 0"),
+])
+def test_train_flags_are_checked(capsys, tmp_path, flag, value, needle):
+    err = cli_error(capsys, ["train", "--model", "m", "--pairs", "p", "--out", str(tmp_path / "r"), flag, value])
+    assert needle in err
+
+
+@pytest.mark.parametrize("data, needle", [
+    ({"arms": "opct"}, "arms: must be a list of method names or a mapping"),
+    ({"seeds": 0}, "seeds: must be a list (got 0"),
+    ({"seeds": [0, 1.5]}, "seeds[1]: must be an integer"),
+    ({"train": {"max_steps": 2.5}}, "train.max_steps: must be an integer (got 2.5)"),
+    ({"train": {"lora": "false"}}, "train.lora: must be true or false"),
+    ({"train": {"trust_remote_code": True}}, "train.trust_remote_code: can only be switched on by the command-line"),
+    ({"eval": {"n": 0}}, "eval.n: must be >= 1"),
+    ({"eval": {"temperature": float("nan")}}, "eval.temperature: must be a finite number"),
+    ({"attack": {"search_rounds": -24}}, "attack.search_rounds: must be >= 0 (got -24)"),
+    ({"attack": {"attack_temperature": float("nan")}}, "attack.attack_temperature: must be a finite number"),
+    ({"arms": {"topk": {"method": "opct", "estimator": "nope"}}}, "arms.topk.estimator: must be one of"),
+    ({"arms": {"quick": {"method": "opct", "max_steps": 0}}}, "arms.quick.max_steps: must be >= 1"),
+    ({"arms": {"x": {"method": "magic"}}}, "arms.x.method: unknown arm(s) magic"),
+    ({"trained": {"sycophancy": ["flattery"]}}, "trained.sycophancy: unknown flattery"),
+    ({"trained": {"capability": []}}, "trained.capability: not an axis that trains on pairs"),
+    ({"trained": "sycophancy"}, "trained: must be a mapping"),
+    ({"per_family": 0}, "per_family: must be >= 1"),
+    ({"trust_remote_code": True}, "trust_remote_code: can only be switched on by the command-line flag"),
+])
+def test_experiment_files_are_checked_with_their_nested_blocks(tmp_path, capsys, data, needle):
+    path = _yaml(tmp_path, "exp.yaml", data)
+    err = cli_error(capsys, ["run", path])
+    assert f"{path}: {needle}" in err
+
+
+def test_flags_of_other_commands_are_checked(capsys, tmp_path):
+    assert "--n: must be >= 1" in cli_error(capsys, ["eval", "--model", "m", "--out", str(tmp_path), "--n", "0"])
+    assert "--search-rounds: must be >= 0" in cli_error(
+        capsys, ["eval", "--model", "m", "--out", str(tmp_path), "--search-rounds", "-3"])
+    assert "--seeds: must not be empty" in cli_error(capsys, ["run", "--seeds"])
+    assert "--trained: expected AXIS=FAMILY" in cli_error(capsys, ["run", "--trained", "sycophancy"])
+    assert "--ft-lr: must be > 0" in cli_error(capsys, ["audit", "--out", str(tmp_path), "--ft-lr", "0"])
+    bad = _yaml(tmp_path, "eval.yaml", "n: 2.5\ngcg_steps: -1\n")
+    assert f"{bad}: n: must be an integer" in cli_error(capsys, ["eval", "--model", "m", "--out", "x",
+                                                                 "--config", bad])
+    audit = _yaml(tmp_path, "audit.yaml", "k: 2.5\n")
+    assert f"{audit}: k: must be an integer" in cli_error(capsys, ["audit", audit, "--out", str(tmp_path)])
+
+
+def test_trust_remote_code_only_by_flag_and_with_a_warning(capsys, test_organism):
+    from opct.policy import load_policy
+
+    load_policy(test_organism, trust_remote_code=True)
+    err = capsys.readouterr().err
+    assert "warning" in err and str(test_organism) in err and "will run" in err
+    load_policy(test_organism)
+    assert "warning" not in capsys.readouterr().err

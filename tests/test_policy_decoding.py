@@ -1,0 +1,76 @@
+"""The policy interface is the one way to a model: greedy decoding (temperature 0) on both sampling paths, the fast
+engine's fallback to generate() only on its typed signal (said once), and diverged weights as a clear error."""
+
+import pytest
+import torch
+
+import tiny_lm
+from tiny_lm import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
+from opct.errors import OpctError
+from opct.policy import HFPolicy, load_policy, pack, response_logits
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(tiny_lm.model_dir())
+
+
+def _prompts(policy):
+    return [policy.render(tiny_lm.biased_q("sky", "red")), policy.render(tiny_lm.clean_q("coal")),
+            policy.render([{"role": "user", "content": "sun ?"}])]
+
+
+def test_greedy_decoding_is_the_argmax_on_both_paths_and_draws_no_randomness(policy):
+    prompts = _prompts(policy)
+    state = torch.get_rng_state()
+    fast = policy.sample(prompts, 10, temperature=0)
+    assert torch.equal(torch.get_rng_state(), state)  # argmax: nothing drawn
+    slow = HFPolicy(policy.model, policy.tokenizer, fast_sampling=False).sample(prompts, 10, temperature=0)
+    assert fast.response_ids == slow.response_ids and fast.texts == slow.texts
+    # every token is the argmax of the model's own forward at its position, and its log-prob is the model's (T = 1)
+    batch = pack(prompts, fast.response_ids, policy.pad_id, "cpu")
+    with torch.no_grad():
+        logp = torch.log_softmax(response_logits(policy.model, batch).float(), -1)
+    for i, ids in enumerate(fast.response_ids):
+        assert logp[i, :len(ids)].argmax(-1).tolist() == ids
+        assert logp[i, torch.arange(len(ids)), ids].tolist() == pytest.approx(fast.logprobs[i], abs=1e-4)
+    assert policy.sample(prompts, 10, temperature=0).response_ids == fast.response_ids
+
+
+def test_negative_temperature_is_refused(policy):
+    with pytest.raises(OpctError, match="temperature must be >= 0"):
+        policy.sample(_prompts(policy), 4, temperature=-1)
+
+
+def test_the_engine_falls_back_on_its_typed_signal_and_says_so_once(policy, capsys):
+    model = policy.model
+    handle = model.model.layers[0].register_forward_hook(lambda *a: None)  # hooks would be bypassed: unsupported
+    try:
+        hooked = HFPolicy(model, policy.tokenizer, name="hooked")
+        a = hooked.sample(_prompts(policy), 6, temperature=0)
+        hooked.sample(_prompts(policy), 6, temperature=0)
+    finally:
+        handle.remove()
+    err = capsys.readouterr().err
+    assert err.count("hooked: sampling through model.generate") == 1 and "forward hooks" in err
+    assert a.response_ids == policy.sample(_prompts(policy), 6, temperature=0).response_ids
+
+
+def test_a_llama_model_missing_a_part_is_unsupported_by_name():
+    from opct.engine import try_engine
+
+    model = tiny_lm.make_model(tiny_lm.make_tokenizer())
+    del model.model.layers[1].mlp.act_fn
+    engine, why = try_engine(model)
+    assert engine is None and why == "no model.layers[1].mlp.act_fn"
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_diverged_weights_are_a_clear_error_on_both_paths(fast):
+    tok = tiny_lm.make_tokenizer()
+    model = tiny_lm.make_model(tok).eval()
+    with torch.no_grad():
+        model.lm_head.weight.fill_(float("nan"))
+    pol = HFPolicy(model, tok, name="nan-model", fast_sampling=fast)
+    with pytest.raises(OpctError, match="nan-model: sampling failed, the model's .* not finite"):
+        pol.sample([pol.render(tiny_lm.clean_q("sky"))], 4)
