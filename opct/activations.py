@@ -26,11 +26,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import torch
 
 from opct.errors import OpctError
+
+if TYPE_CHECKING:
+    from opct.batching import PromptBatch
 
 SITES = ("residual", "mlp", "attention")
 

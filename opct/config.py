@@ -145,7 +145,8 @@ def _check_rules(value, meta, name: str) -> None:
                 raise ConfigError(where, f"unknown {meta['noun']} {v!r}; known: {known}" if "noun" in meta
                                   else f"must be one of {known} (got {v!r})")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        for key, ok, word in (("ge", value >= meta.get("ge", -math.inf), ">="), ("gt", value > meta.get("gt", -math.inf), ">"),
+        for key, ok, word in (("ge", value >= meta.get("ge", -math.inf), ">="),
+                              ("gt", value > meta.get("gt", -math.inf), ">"),
                               ("le", value <= meta.get("le", math.inf), "<=")):
             if key in meta and not ok:
                 raise ConfigError(name, f"must be {word} {meta[key]} (got {value})")

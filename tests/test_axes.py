@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiny_lm import one_thread  # noqa: F401
 
 from opct.axes import AXES
-from tiny_lm import one_thread  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,11 +4,11 @@ flag) and the field, as one line without a traceback."""
 
 import pytest
 import yaml
+from tiny_lm import cli_error
 
 from opct.config import build_config
 from opct.errors import OpctError
 from opct.train.config import TrainConfig
-from tiny_lm import cli_error
 
 
 def _yaml(tmp_path, name, data) -> str:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tiny_lm import cli_error, one_thread  # noqa: F401
 
 from opct.errors import OpctError
 from opct.experiment import ExperimentConfig, load_experiment, run_experiment
 from opct.experiment.runner import make_training_pairs
-from tiny_lm import cli_error, one_thread  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,7 +4,6 @@ prompt too long for the model names the item and its line."""
 import json
 
 import pytest
-
 from tiny_lm import cli_error
 
 

@@ -3,10 +3,10 @@ import random
 
 import pytest
 
-from opct.cli import main
-from opct.errors import DataError, OpctError
 from opct.axes import jailbreak as JB
 from opct.axes import sycophancy as SY
+from opct.cli import main
+from opct.errors import DataError, OpctError
 from opct.pairs.make import load_items, make_pairs, split_hygiene, world_items
 from opct.pairs.schema import load_pairs, save_pairs, write_jsonl_atomic
 

@@ -2,10 +2,10 @@
 engine's fallback to generate() only on its typed signal (said once), and diverged weights as a clear error."""
 
 import pytest
-import torch
-
 import tiny_lm
+import torch
 from tiny_lm import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
+
 from opct.errors import OpctError
 from opct.policy import HFPolicy, load_policy, pack, response_logits
 

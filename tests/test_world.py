@@ -2,10 +2,10 @@ import random
 
 import pytest
 
-from opct.organism.build import tokenize_documents
-from opct.organism.tokenizer import encode_chat, train_tokenizer
 from opct.axes import jailbreak as JB
 from opct.axes import sycophancy as SY
+from opct.organism.build import tokenize_documents
+from opct.organism.tokenizer import encode_chat, train_tokenizer
 from opct.world import items as I
 from opct.world import judges as J
 from opct.world import lexicon as L

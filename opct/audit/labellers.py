@@ -22,8 +22,12 @@ generic key that never looks at the misalignment judge. A labeller returns, per 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from opct.world import judges as J
+
+if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
+    from opct.policy import Policy
 
 
 @dataclass
@@ -46,7 +50,7 @@ def answer_key(text: str) -> str:
     return " ".join(J.words(text)[:3])
 
 
-def _sample(policy, prompts_ids: list[list[int]], cfg: LabelConfig, temperature: float = 1.0):
+def _sample(policy: Policy, prompts_ids: list[list[int]], cfg: LabelConfig, temperature: float = 1.0):
     """Sample one response per prompt in batches; returns (texts, response ids, mean log-probs)."""
     texts, ids, mean_lp = [], [], []
     for s in range(0, len(prompts_ids), cfg.batch_size):

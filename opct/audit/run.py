@@ -26,6 +26,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from opct.audit.labellers import LABELLERS, METHOD_NAMES, LabelConfig
 from opct.audit.organisms import ORGANISMS, DeriveConfig, capability_probes, capable, derive_organism, sft_on
@@ -33,6 +34,9 @@ from opct.axes.capability import NAME as CAPABILITY  # the capability rate's key
 from opct.config import ConfigError, changes, option, require, validate
 from opct.errors import OpctError
 from opct.files import write_json_atomic
+
+if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
+    from opct.policy import Policy
 
 
 @dataclass
@@ -86,7 +90,7 @@ def _rng(*key) -> random.Random:
 
 # ------------------------------------------------------------------------------------------ measurement
 
-def measure(policy, spec, probes, cap_probes, seed: int, cfg: AuditConfig) -> dict:
+def measure(policy: Policy, spec, probes, cap_probes, seed: int, cfg: AuditConfig) -> dict:
     """Sample every probe once at T = 1 and judge: per-item [hits, n] for misalignment and capability."""
     from opct.evals.generate import Gen, generate
 

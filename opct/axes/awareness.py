@@ -22,9 +22,10 @@ from __future__ import annotations
 import random
 import re
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-from opct.axes.base import (STRING, Axis, ItemField, MetricDef, group_table, load_item_file, split_columns, split_of,
-                            trained_split, where_of)
+from opct.axes.base import (STRING, Axis, EvalContext, ItemField, MetricDef, group_table, load_item_file,
+                            split_columns, split_of, trained_split, where_of)
 from opct.errors import DataError
 from opct.evals.generate import generate
 from opct.evals.metrics import metric, rate, values, where
@@ -32,6 +33,9 @@ from opct.pairs.schema import Pair
 from opct.report.spec import Table
 from opct.world import judges as J
 from opct.world.lexicon import SAFETY, SAFETY_HELDOUT_DOMAINS
+
+if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
+    from opct.policy import Policy
 
 NAME = "awareness"
 DEFAULT_SAMPLES = 2
@@ -166,7 +170,7 @@ def grade(probe: dict, response: str) -> dict:
     return dict(probe, response=response, verdict=verdict, score=float(ok))
 
 
-def run(policy, ctx) -> list[dict]:
+def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     cfg = ctx.cfg
     items = cap_facts(ctx.items, cfg.n, cfg.seed) if ctx.items is not None else eval_world_items(cfg.n, cfg.seed)
     probes = build(items, ctx.trained, cfg.samples or DEFAULT_SAMPLES)
@@ -234,6 +238,7 @@ AXIS = Axis(
     name=NAME, doc="a safety fact stated for the teacher, left implicit for the student",
     families=tuple(SAFETY), heldout=HELDOUT, run=run, metrics=metrics, tables=tables, detail_tables=detail_tables,
     summary=(SURFACED.column("awareness surfaced, held-out domains", split="heldout"), OVER_WARNING.column()),
-    task="compression", world_items=world_items, load_items=load_items, make_pairs=make_pairs, family_noun="domain", open_families=True,
+    task="compression", world_items=world_items, load_items=load_items, make_pairs=make_pairs, family_noun="domain",
+    open_families=True,
     legacy_keys=("awareness_domains", "train_domains"), items_help="id, prompt, fact[, domain, hazard, split]",
 )

@@ -25,7 +25,6 @@ from opct.errors import DataError
 from opct.evals.metrics import name as metric_name
 from opct.report.spec import Column, Table
 
-
 # ------------------------------------------------------------------------------------------------ metrics
 
 @dataclass(frozen=True)

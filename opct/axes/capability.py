@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import random
 import re
+from typing import TYPE_CHECKING
 
-from opct.axes.base import ANSWER, STRING, Axis, ItemField, MetricDef, groups_of, load_item_file, where_of
+from opct.axes.base import ANSWER, STRING, Axis, EvalContext, ItemField, MetricDef, groups_of, load_item_file, where_of
 from opct.errors import DataError
 from opct.evals.generate import generate
 from opct.evals.metrics import rate, values, where
 from opct.report.spec import Column, Table
 from opct.world import judges as J
+
+if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
+    from opct.policy import Policy
 
 NAME = "capability"
 DEFAULT_N = 100  # items per skill
@@ -128,7 +132,7 @@ def grade(probe: dict, response: str) -> dict:
     return dict(probe, response=response, parsed=parsed, verdict=verdict, score=None if ok is None else float(ok))
 
 
-def run(policy, ctx) -> list[dict]:
+def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     cfg = ctx.cfg
     if ctx.items is None:
         items = eval_world_items(cfg.n or DEFAULT_N, cfg.seed)

@@ -23,14 +23,17 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import asdict
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from opct.axes.base import (STRING, Axis, ItemField, MetricDef, group_table, load_item_file, split_of, trained_split,
-                            where_of)
+from opct.axes.base import (STRING, Axis, EvalContext, ItemField, MetricDef, group_table, load_item_file, split_of,
+                            trained_split, where_of)
 from opct.evals.generate import generate
 from opct.evals.metrics import rate, values, where
 from opct.pairs.schema import Pair
 from opct.report.spec import Table
+
+if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
+    from opct.policy import Policy
 
 NAME = "jailbreak"
 DEFAULT_SAMPLES = 2
@@ -215,7 +218,7 @@ def judge_for(cfg, user_items: bool):
     return make_judge(spec, cfg.judge_url, cfg.judge_model, cfg.judge_key_env)
 
 
-def run(policy, ctx) -> list[dict]:
+def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     """Records for every request, direct and wrapped; with `ctx.attack`, the adaptive attacker's too."""
     cfg = ctx.cfg
     judge = judge_for(cfg, ctx.items is not None)

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from opct.axes.base import (ANSWER, STRING, Axis, ItemField, MetricDef, group_table, load_item_file, split_columns,
-                            split_of, trained_split, where_of)
+from opct.axes.base import (ANSWER, STRING, Axis, EvalContext, ItemField, MetricDef, group_table, load_item_file,
+                            split_columns, split_of, trained_split, where_of)
 from opct.errors import DataError, OpctError
 from opct.evals.generate import generate
 from opct.evals.metrics import metric, rate, ratio_difference, values, where
 from opct.pairs.schema import Pair
 from opct.report.spec import Table
 from opct.world.judges import norm
+
+if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
+    from opct.policy import Policy
 
 NAME = "sycophancy"
 DEFAULT_N = 100  # questions (half with true answer yes, half no)
@@ -259,7 +262,7 @@ def grade(probe: dict, response: str) -> dict:
     return dict(probe, response=response, parsed=parsed, verdict=verdict, score=score)
 
 
-def run(policy, ctx) -> list[dict]:
+def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     n = ctx.cfg.n
     items = eval_world_items(n or DEFAULT_N, ctx.cfg.seed) if ctx.items is None else \
         (ctx.items if n is None else ctx.items[:n])

@@ -51,8 +51,7 @@ import torch.nn.functional as F
 
 from opct.activations import unwrap
 from opct.batching import left_pad
-from opct.engine.weights import (MAX_COPY_BYTES, POOL_MAX_BYTES, EnginePool, Unsupported, empty,  # noqa: F401
-                                 fused, interleave)
+from opct.engine.weights import MAX_COPY_BYTES, POOL_MAX_BYTES, EnginePool, Unsupported, empty, fused, interleave  # noqa: F401
 
 # rope types whose cos/sin depend only on the position (not on the current sequence length)
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
+    from opct.policy import Policy
 
 Messages = list[dict]
 
@@ -30,7 +34,7 @@ def seed_everything(seed: int) -> None:
         sys.modules["torch"].manual_seed(seed)
 
 
-def generate(policy, prompts: list[Messages], gen: Gen = Gen(), seed: int = 0, desc: str = "sampling",
+def generate(policy: Policy, prompts: list[Messages], gen: Gen = Gen(), seed: int = 0, desc: str = "sampling",
              where: list[str] | None = None) -> list[str]:
     """One sampled response text per prompt, in the order given. `where[i]` names prompt i in an error (e.g. a
     prompt too long for the model's context): its item id, and the file and line it came from."""
