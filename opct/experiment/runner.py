@@ -17,7 +17,6 @@ longer belong to it.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -25,11 +24,12 @@ from pathlib import Path
 
 from opct.errors import OpctError
 from opct.experiment.config import ExperimentConfig
-from opct.files import write_json_atomic
+from opct.files import read_json, write_json_atomic
 from opct.pairs.schema import Pair
 
-# Fields that may differ when an experiment is resumed (they do not change any cell's result).
-RESUMABLE = ("report", "note", "threads", "out")
+# Fields that may differ when an experiment is resumed (they do not change any cell's result); `out` and `name`
+# differ when the experiment's directory was moved.
+RESUMABLE = ("report", "note", "threads", "out", "name")
 
 
 def resolve_model(model: str) -> str:
@@ -70,10 +70,9 @@ def _previous_experiment(root: Path, resolved: dict) -> dict:
     path = root / "experiment.json"
     if not path.exists():
         return {}
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise OpctError(f"{path}: not valid JSON ({e}); delete it to start the experiment again") from None
+    old = read_json(path, "experiment")
+    if not isinstance(old, dict):
+        raise OpctError(f"{path}: not an experiment (expected a JSON object); delete it to start the experiment again")
     changed = sorted(k for k in set(old) | set(resolved)
                      if k not in RESUMABLE and k not in ("arms", "seeds") and old.get(k) != resolved.get(k))
     if changed:
@@ -88,8 +87,10 @@ def cell_dir(root: Path, arm: str, seed: int) -> Path:
 
 def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     """Run every (seed, arm) cell not already done; write the report; return the experiment directory."""
+    from opct.modeldir import check_device
     from opct.policy import count_parameters, set_cpu_threads
 
+    check_device(cfg.eval.get("device", "cpu"), "eval.device")  # before any cell runs
     root = Path(cfg.out) / cfg.name
     model = resolve_model(cfg.model)
     resolved = {**asdict(cfg), "model_dir": model, "train_families": cfg.sycophancy_families,
@@ -161,7 +162,7 @@ def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file
     if not final.exists():
         values = {**cfg.train, **cfg.arm_train.get(arm, {}), "method": arm, "model": model,
                   "pairs": str(pairs_file), "out": str(out), "seed": seed,
-                  "resume": (out / "checkpoints").is_dir()}
+                  "resume": out.is_dir()}  # also a run killed before its first checkpoint: started over
         tc = build_config(TrainConfig, None, None, **values)
         log(f"  train {arm}: {tc.max_steps} steps x {tc.batch_size} pairs"
             + (f" x {tc.n_samples} samples" if arm == "opct" else "") + f", lr {tc.lr}, "
