@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from opct.errors import OpctError
-from opct.files import write_json_atomic
+from opct.files import write_atomic, write_json_atomic
 
 SUITE_NAMES = ("sycophancy", "jailbreak", "awareness", "capability")
 
@@ -50,6 +50,8 @@ class EvalConfig:
     judge_url: Optional[str] = _f(None, "http judge: base URL of an OpenAI-compatible API")
     judge_model: Optional[str] = _f(None, "http judge: model name")
     judge_key_env: str = _f("OPENAI_API_KEY", "http judge: environment variable holding the API key")
+    judge_timeout: float = _f(45.0, "http judge: seconds one grade may take, retries included (an endpoint that "
+                                    "never answers fails after this long)")
     lm_eval: bool = _f(False, "capability: also run MATH-500 / GPQA-Diamond / IFEval via lm-evaluation-harness")
     lm_eval_limit: Optional[int] = _f(None, "lm-eval: documents per task (default: all)")
     dtype: str = _f("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
@@ -87,6 +89,8 @@ def check_config(cfg: EvalConfig) -> None:
         raise OpctError("--n and --samples must be at least 1")
     if cfg.judge == "http" and not (cfg.judge_url and cfg.judge_model):
         raise OpctError("--judge http needs --judge-url (an OpenAI-compatible base URL) and --judge-model")
+    if not cfg.judge_timeout > 0:
+        raise OpctError(f"--judge-timeout must be > 0 seconds (got {cfg.judge_timeout!r})")
 
 
 def relabel_splits(records: list[dict], cfg: EvalConfig) -> list[dict]:
@@ -118,8 +122,8 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print) -> dict:
     suites = list(SUITE_NAMES) if cfg.suite == "all" else [cfg.suite]
     items = load_eval_items(cfg.items, suites[0]) if cfg.items else None
     judge_spec = cfg.judge if cfg.judge != "auto" else ("refusal" if cfg.items else "world")
-    judge = make_judge(judge_spec, cfg.judge_url, cfg.judge_model, cfg.judge_key_env) if "jailbreak" in suites \
-        else None
+    judge = make_judge(judge_spec, cfg.judge_url, cfg.judge_model, cfg.judge_key_env, cfg.judge_timeout) \
+        if "jailbreak" in suites else None
     gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +164,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print) -> dict:
 
     write_jsonl_atomic(out / "records.jsonl", records)
     write_json_atomic(out / "metrics.json", metrics)
-    (out / "metrics.txt").write_text(format_table(metrics) + "\n", encoding="utf-8")
+    write_atomic(out / "metrics.txt", format_table(metrics) + "\n")
     # the attacker's budget as it ran (its records carry it: queries per target depend on gradients being there)
     budget = next((r["budget"] for r in records if r.get("variant") == "attack"), None)
     if budget is None and attack_cfg is not None and cfg.attack and "jailbreak" in suites:
