@@ -14,6 +14,7 @@ the repository ships the `default` organism in `opct/organisms/default/`, used a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -203,6 +204,31 @@ def train_model(cfg: OrganismConfig, tokenizer, rows, progress: bool = True):
 
 # ---------------------------------------------------------------------------------------------------- build
 
+# The intra-op thread count each size's build runs with, whatever the caller's. A CPU matmul splits its sums over
+# threads, so another thread count rounds differently and, over thousands of steps, trains different weights:
+# pinning it is what makes a build the same from any caller; organism.json records it. `default`: 2, what the
+# shipped organism was built with. `test`: 1, because a model this small is bound by per-op overhead, and a second
+# thread competing with another busy process slows its training 15-25x (measured on 2 shared cores).
+BUILD_THREADS = {"default": 2, "test": 1}
+
+
+def _fixed_threads(fn):
+    """Run `fn(size, ...)` with torch on BUILD_THREADS[size] intra-op threads, then give the caller its own
+    setting back."""
+    @functools.wraps(fn)
+    def wrapper(size: str = "default", *args, **kwargs):
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(BUILD_THREADS.get(size, 1))
+        try:
+            return fn(size, *args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+    return wrapper
+
+
+@_fixed_threads
 def build_organism(size: str = "default", force: bool = False, progress: bool = True, seed: int | None = None,
                    **overrides) -> Path:
     """Build (or find) the organism of `size`; return its directory. Overrides change the configuration (and so
