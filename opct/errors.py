@@ -88,7 +88,7 @@ def user_message(exc: BaseException) -> str | None:
     if isinstance(exc, RecursionError):
         return f"{prefix or 'input: '}nested too deeply to read"
     if isinstance(exc, json.JSONDecodeError):
-        return f"{prefix}not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        return f"{prefix}not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
     if type(exc).__module__.split(".")[0] == "yaml" and type(exc).__name__.endswith("Error"):
         mark = getattr(exc, "problem_mark", None)
         name = getattr(mark, "name", None)

@@ -38,6 +38,8 @@ def write_atomic(path, chunks: str | Iterable[str]) -> Path:
     usual permissions (0666 less the umask), not mkstemp's private 0600. An OSError (full or read-only disk) leaves
     no temporary file behind and is raised naming `path`, not the temporary file."""
     path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():  # a device, a FIFO: never replace one
+        raise OpctError(f"{path}: not a regular file; give a file path to write")
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +154,7 @@ def read_json(path, what: str = "<json>"):
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(path, e.lineno, what, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        raise DataError(path, e.lineno, what, f"not valid JSON: {e.msg} (column {e.colno})") from None
     except RecursionError:
         raise DataError(path, 0, what, "nested too deeply to read") from None
 
