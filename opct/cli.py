@@ -57,9 +57,17 @@ def main(argv=None) -> int:
         message = user_message(e)
         if message is None:
             raise
+        _end_progress_bars()  # so the message starts a line of its own
         print(f"opct: error: {_one_line(message)}", file=sys.stderr)
         return 1
     return int(rc or 0)
+
+
+def _end_progress_bars() -> None:
+    """Close the progress bars a failing command left open (each ends its line)."""
+    std = sys.modules.get("tqdm.std")
+    for bar in list(getattr(getattr(std, "tqdm", None), "_instances", ())):
+        bar.close()
 
 
 def _one_line(message: str) -> str:
