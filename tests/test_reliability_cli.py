@@ -16,7 +16,7 @@ import transformers
 
 import tiny_lm
 from opct.cli import main
-from tiny_lm import cli_error, one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
+from tiny_lm import cli_error, fill_disk, one_thread, small_disk  # noqa: F401  (fixtures)
 
 # transformers' log handler keeps the stderr it first sees: let that be the session's, not one test's capsys
 transformers.utils.logging.get_verbosity()
@@ -77,32 +77,11 @@ def test_yaml_parse_errors_name_the_file(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ full and read-only disks
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 256 KiB tmpfs of its own (needs root, as in CI; skipped where mounting is not allowed)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)],
-                                                       capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (not root)")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
-def _fill(disk: Path) -> None:
-    with open(disk / "filler", "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 512)
-        except OSError as e:
-            assert e.errno == errno.ENOSPC
-
-
 def test_full_disk_keeps_the_old_file_and_leaves_no_temporary_file(small_disk, capsys):
     out = small_disk / "pairs.jsonl"
     assert main(_pairs_make(out)) == 0
     before = out.read_bytes()
-    _fill(small_disk)
+    fill_disk(small_disk)
     err = cli_error(capsys, _pairs_make(out, "--seed", "1"))
     assert err == f"opct: error: {out}: no space left on device"
     assert out.read_bytes() == before

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 import tiny_lm
 from opct.cli import main
 from opct.files import append_jsonl, read_appended_jsonl
-from tiny_lm import cli_error, model_dir_fixture, one_thread, pairs_file  # noqa: F401  (fixtures)
+from tiny_lm import cli_error, fill_disk, model_dir_fixture, one_thread, pairs_file, small_disk  # noqa: F401
 from tiny_lm import read_metrics as metrics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,6 +175,20 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one_exactly(tmp_path, m
     assert err.startswith(f"opct: error: {out}: no intact checkpoint to resume from (step-000004: "
                           f"adapter/adapter_model.safetensors is 100 bytes")
     assert "step-000003: adapter/adapter_model.safetensors is 100 bytes" in err
+
+
+def test_a_disk_that_fills_up_during_training_damages_nothing(small_disk, model_dir, pairs_file, capsys):
+    out = small_disk / "run"
+    args = _train_args(model_dir, pairs_file, out, "--save-every", "1", "--resume")
+    assert main([*args, "--max-steps", "1"]) == 0
+    filler = fill_disk(small_disk, leave=8192)  # room for a metrics line or two, not for a checkpoint
+    err = cli_error(capsys, [*args, "--max-steps", "3"])
+    assert err.startswith(f"opct: error: {out}") and "no space left on device" in err
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000001"]  # nothing half-written left
+    filler.unlink()
+    rc = main([*args, "--max-steps", "3"])
+    assert rc == 0, capsys.readouterr().err[-3000:]  # and the run continues from its intact checkpoint
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3]
 
 
 def test_a_moved_run_directory_resumes(tmp_path, model_dir, capsys):

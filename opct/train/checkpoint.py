@@ -114,7 +114,7 @@ def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler
     except Exception as e:  # noqa: BLE001 - torch.save and safetensors report a full disk in their own ways
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise write_failed(tmp, e, f"the checkpoint of step {step}",
+        raise write_failed(root, e, f"the checkpoint of step {step}",
                            f"earlier checkpoints are intact: {latest_checkpoint(run_dir) or 'none yet'}") from None
     if accelerator.is_main_process:
         if final.exists():  # the same step written by an earlier, interrupted attempt of this run
