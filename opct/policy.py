@@ -429,6 +429,9 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
         try:
             model = PeftModel.from_pretrained(model, adapter)
         except (OSError, ValueError, RuntimeError, KeyError) as e:
-            raise OpctError(f"{adapter}: cannot load the adapter onto {path} ({str(e).splitlines()[0]})") from None
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+            detail = next((ln for ln in lines if "size mismatch" in ln), lines[0])
+            raise OpctError(f"{adapter}: cannot load the adapter onto {path} ({detail}); was it trained on another "
+                            f"model?") from None
     model.to(device).eval()
     return HFPolicy(model, tokenizer, name=str(path))
