@@ -320,12 +320,15 @@ def build_config(cls, args: argparse.Namespace | None = None, config_file=None, 
         raise OpctError(f"invalid {cls.__name__}: {e}") from None
 
 
-def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None) -> list[str]:
-    """Fields whose value differs between a run's saved settings and the current ones, as 'field (old -> new)'.
-    A field missing from `saved` counts as its entry in `defaults` (a field added after the run started)."""
+def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None, same=None) -> list[str]:
+    """Fields whose value differs between a run's saved settings and the current ones, as 'field (old -> new)': the
+    one "did the settings change on resume" check of train, run and audit. A field missing from `saved` counts as
+    its entry in `defaults` (a field added after the run started); `same(field, old, new)` may accept two values
+    that differ (e.g. paths of a moved run directory)."""
     saved = {**(defaults or {}), **saved}
     return [f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in sorted(set(saved) | set(now))
-            if k not in may_change and saved.get(k) != now.get(k)]
+            if k not in may_change and saved.get(k) != now.get(k)
+            and not (same is not None and same(k, saved.get(k), now.get(k)))]
 
 
 def defaults_of(cls) -> dict:

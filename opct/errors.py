@@ -14,3 +14,87 @@ class DataError(OpctError):
     def __init__(self, path, line, field, problem):
         self.path, self.line, self.field, self.problem = str(path), line, field, problem
         super().__init__(f"{self.path}:{line}: {field}: {problem}")
+
+
+# ------------------------------------------------------------------------------------------------ at the CLI boundary
+# Operating-system and decoding errors are the user's to fix too (a full disk, a directory where a file belongs, a
+# file that is not UTF-8), but they surface as OSError / UnicodeDecodeError / RecursionError from deep inside a
+# library. `user_message` turns them into `PATH: problem`, naming the file from the exception or, failing that, from
+# the innermost file object open in the traceback's frames.
+
+_OS_PROBLEMS = {
+    "ENOSPC": "no space left on device", "EDQUOT": "disk quota exceeded", "EROFS": "read-only file system",
+    "EACCES": "permission denied", "EPERM": "operation not permitted", "EISDIR": "is a directory, expected a file",
+    "ENOTDIR": "not a directory", "EEXIST": "already exists", "ENOENT": "no such file or directory",
+    "EFBIG": "file too large", "ENAMETOOLONG": "file name too long", "EMFILE": "too many open files",
+    "ENOTEMPTY": "directory not empty", "EIO": "input/output error", "ELOOP": "too many levels of symbolic links",
+}
+
+
+def os_problem(e: OSError) -> str:
+    """What went wrong, in words, without the path."""
+    import errno
+
+    name = errno.errorcode.get(e.errno or -1, "")
+    return _OS_PROBLEMS.get(name) or e.strerror or str(e) or type(e).__name__
+
+
+def _blocking_file(path: str) -> str | None:
+    """The first part of `path` that exists and is not a directory (a file where a directory is needed)."""
+    import os
+
+    parts = os.path.abspath(path).split(os.sep)
+    for i in range(2, len(parts) + 1):
+        p = os.sep.join(parts[:i])
+        if os.path.lexists(p) and not os.path.isdir(p):
+            return path if p == os.path.abspath(path) else p
+    return None
+
+
+def _file_in_traceback(exc: BaseException) -> str | None:
+    """The name of the innermost file object held by a frame of `exc`'s traceback (the file being read)."""
+    import io
+
+    found, tb = None, exc.__traceback__
+    while tb is not None:
+        for v in list(tb.tb_frame.f_locals.values()):
+            if isinstance(v, io.IOBase) and isinstance(getattr(v, "name", None), str):
+                found = v.name
+        tb = tb.tb_next
+    return found
+
+
+def user_message(exc: BaseException) -> str | None:
+    """`PATH: problem` for an error the user can fix, or None for a bug (which keeps its traceback)."""
+    import json
+
+    if isinstance(exc, OpctError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        import errno
+
+        path = exc.filename if exc.filename is not None else _file_in_traceback(exc)
+        if path is None:
+            return os_problem(exc)
+        path = str(path)
+        if exc.errno in (errno.EEXIST, errno.ENOTDIR) and (blocker := _blocking_file(path)):
+            return f"{blocker}: is a file, not a directory" + (f" (needed for {path})" if blocker != path else "")
+        where = f"{path} -> {exc.filename2}" if exc.filename2 is not None else path
+        return f"{where}: {os_problem(exc)}"
+    path = _file_in_traceback(exc)
+    prefix = f"{path}: " if path else ""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{prefix}not UTF-8 text (byte {exc.start}: {exc.reason})"
+    if isinstance(exc, RecursionError):
+        return f"{prefix or 'input: '}nested too deeply to read"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{prefix}not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+    if type(exc).__module__.split(".")[0] == "yaml" and type(exc).__name__.endswith("Error"):
+        mark = getattr(exc, "problem_mark", None)
+        name = getattr(mark, "name", None)
+        if not prefix and name and not name.startswith("<"):
+            prefix = f"{name}: "
+        problem = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return f"{prefix}not valid YAML ({problem}{where})"
+    return None

@@ -1,35 +1,203 @@
-"""Atomic file writes: write beside the target, then rename, so a reader (or a crash) never sees half a file."""
+"""Files opct writes and reads, made safe against crashes, full disks and concurrent runs.
+
+  write_atomic / write_json_atomic   write beside the target, fsync, then rename: a reader (or a crash, or a full
+                                     disk) never sees half a file, and the previous file stays as it was
+  append_jsonl                       append one JSON record as one line, first repairing a torn last line (one a
+                                     kill cut short): a complete record missing its newline gets one, a fragment
+                                     is cut off, so the next record is never glued onto it
+  read_appended_jsonl                read a file written by append_jsonl, leaving out a torn last line
+  read_text / read_json              read a file, turning "not UTF-8", "is a directory", "nested too deeply" and
+                                     the like into an OpctError that names the file
+  dir_lock                           an exclusive lock on a run directory (fcntl.flock on DIR/.opct.lock), so a
+                                     second process writing the same run is refused; the kernel releases it when
+                                     the holder dies, so a killed run leaves no stale lock
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable
+
+from opct.errors import DataError, OpctError, os_problem
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locking
+    fcntl = None
+
+LOCK_NAME = ".opct.lock"
 
 
 def write_atomic(path, chunks: str | Iterable[str]) -> Path:
     """Write `chunks` (a string, or an iterable of strings written in order) to `path` atomically. The file gets the
-    usual permissions (0666 less the umask), not mkstemp's private 0600."""
+    usual permissions (0666 less the umask), not mkstemp's private 0600. An OSError (full or read-only disk) leaves
+    no temporary file behind and is raised naming `path`, not the temporary file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if path.exists() and not path.is_file() and not path.is_dir():  # a device, a FIFO: never replace one
+        raise OpctError(f"{path}: not a regular file; give a file path to write")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for chunk in ([chunks] if isinstance(chunks, str) else chunks):
                 f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())  # a full disk shows here at the latest, before the rename
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
+    except OSError as e:
+        _remove(tmp)
+        ours = e.filename is None or e.filename == tmp or (
+            os.path.dirname(str(e.filename)) == str(path.parent) and
+            os.path.basename(str(e.filename)).startswith(f".{path.name}.") and str(e.filename).endswith(".tmp"))
+        if ours:  # the temporary file is ours, not the user's: name the target
+            raise type(e)(e.errno, e.strerror, str(path)) from e
+        raise
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
     return path
+
+
+def _remove(tmp) -> None:
+    if tmp is not None and os.path.exists(tmp):
+        os.unlink(tmp)
 
 
 def write_json_atomic(path, obj, **dumps) -> Path:
     """`obj` as JSON (indent 1, non-ASCII kept, unless `dumps` says otherwise), newline-terminated, atomically."""
     return write_atomic(path, json.dumps(obj, **{"indent": 1, "ensure_ascii": False, **dumps}) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------ appended JSONL
+
+def _repair_torn_tail(f) -> None:
+    """`f`: the file opened "a+b". If its last line lacks a newline, end it (when it is a whole JSON value) or cut it
+    off (a fragment)."""
+    size = f.seek(0, os.SEEK_END)
+    if size == 0:
+        return
+    f.seek(size - 1)
+    if f.read(1) == b"\n":
+        return
+    start = size
+    while start > 0:  # find the start of the last line, reading backwards
+        step = min(start, 65536)
+        f.seek(start - step)
+        block = f.read(step)
+        cut = block.rfind(b"\n")
+        if cut >= 0:
+            start = start - step + cut + 1
+            break
+        start -= step
+    f.seek(start)
+    try:
+        json.loads(f.read().decode("utf-8"))
+    except (ValueError, RecursionError):  # a fragment (UnicodeDecodeError is a ValueError)
+        f.truncate(start)
+    else:
+        f.write(b"\n")
+
+
+def append_jsonl(path, record) -> None:
+    """Append `record` to the JSONL file `path` as one line, in one write (after repairing a torn last line)."""
+    line = (json.dumps(record) + "\n").encode("utf-8")
+    with open(path, "a+b") as f:
+        _repair_torn_tail(f)
+        f.write(line)
+        f.flush()
+
+
+def read_appended_jsonl(path) -> list[tuple[int, object]]:
+    """(line number, value) for every non-blank line of a file written by `append_jsonl`. A last line without its
+    newline that is not valid JSON (torn by a kill) is left out; any other malformed line is a DataError naming the
+    file and line."""
+    text = read_text(path)
+    lines = text.split("\n")
+    out = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((n, json.loads(line)))
+        except (json.JSONDecodeError, RecursionError) as e:
+            if n == len(lines):  # the last line, with no newline after it: torn
+                break
+            problem = e.msg if isinstance(e, json.JSONDecodeError) else "nested too deeply"
+            raise DataError(path, n, "<json>", f"malformed JSON ({problem})") from None
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+def read_text(path) -> str:
+    """The UTF-8 text of `path`; any problem reading it is an OpctError naming the file."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise OpctError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise OpctError(f"{path}: {os_problem(e)}") from None
+
+
+def read_json(path, what: str = "<json>"):
+    """The JSON value in `path`; malformed JSON is a DataError (`file:line: what: problem`)."""
+    text = read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(path, e.lineno, what, f"not valid JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:
+        raise DataError(path, 0, what, "nested too deeply to read") from None
+
+
+# ------------------------------------------------------------------------------------------------ locks
+
+_held: dict[str, int] = {}  # lock files this process holds -> their descriptor (a nested lock is a no-op)
+
+
+@contextmanager
+def dir_lock(directory, what: str = "run directory"):
+    """Hold an exclusive lock on `directory` (created if missing) for the duration of the block.
+
+    Another process holding it makes this an OpctError naming the directory and that process's pid. The lock is an
+    flock on DIR/.opct.lock, which the kernel drops when its holder exits, however it exits (SIGKILL too), so there
+    is never a stale lock to clean up. The file stays (deleting it would let two processes lock two different
+    files); it holds the last holder's pid. A directory this process already locked is locked again for free."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    lock_path = str((d / LOCK_NAME).resolve())
+    if fcntl is None or lock_path in _held:
+        yield d
+        return
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise OpctError(f"{d}: {what} in use by another opct process (pid {pid}); wait for it to finish, or "
+                            f"write elsewhere") from None
+        except OSError as e:  # a file system without locks: go on unlocked
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP):
+                raise
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError as e:  # a full disk: name the file
+            raise type(e)(e.errno, e.strerror, str(d / LOCK_NAME)) from e
+        _held[lock_path] = fd
+        try:
+            yield d
+        finally:
+            del _held[lock_path]
+    finally:
+        os.close(fd)  # releases the flock

@@ -270,8 +270,11 @@ def count_parameters(model_dir) -> int:
 
     n = 0
     for f in sorted(Path(model_dir).glob("*.safetensors")):
-        with safe_open(str(f), "pt") as g:
-            n += sum(math.prod(g.get_slice(k).get_shape()) for k in g.keys())
+        try:
+            with safe_open(str(f), "pt") as g:
+                n += sum(math.prod(g.get_slice(k).get_shape()) for k in g.keys())
+        except Exception as e:  # noqa: BLE001 - SafetensorError: a damaged file
+            raise OpctError(f"{f}: damaged or truncated safetensors file ({str(e).splitlines()[0]})") from None
     return n
 
 
@@ -293,17 +296,32 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
                         f"save_pretrained")
     if dtype not in _DTYPES:
         raise OpctError(f"dtype must be one of {', '.join(_DTYPES)} (got {dtype!r})")
+    from opct.modeldir import check_adapter, check_device, check_loading_info, check_weights
+
+    device = check_device(device)
+    check_weights(path)  # damaged, truncated or pickle-only weights: an error naming the file
+    if adapter is not None:
+        check_adapter(adapter)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, trust_remote_code=trust_remote_code,
-                                                     dtype=_DTYPES[dtype])
-    except (OSError, ValueError) as e:
-        raise OpctError(f"{path}: cannot load model or tokenizer ({str(e).splitlines()[0]})") from None
+        model, info = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=_DTYPES[dtype],
+                                                           trust_remote_code=trust_remote_code,
+                                                           output_loading_info=True)
+    except (OSError, ValueError, RuntimeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "mismatched" in first:
+            raise OpctError(f"{path / 'config.json'}: does not match the weights (tensor shapes differ)") from None
+        raise OpctError(f"{path}: cannot load model or tokenizer ({first})") from None
+    check_loading_info(path, info)
     if adapter is not None:
         from peft import PeftModel
 
-        if not (Path(adapter) / "adapter_config.json").exists():
-            raise OpctError(f"{adapter}: not a peft adapter directory (no adapter_config.json)")
-        model = PeftModel.from_pretrained(model, adapter)
+        try:
+            model = PeftModel.from_pretrained(model, adapter)
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+            detail = next((ln for ln in lines if "size mismatch" in ln), lines[0])
+            raise OpctError(f"{adapter}: cannot load the adapter onto {path} ({detail}); was it trained on another "
+                            f"model?") from None
     model.to(device).eval()
     return HFPolicy(model, tokenizer, name=str(path))

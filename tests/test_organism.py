@@ -63,11 +63,23 @@ def test_trained_test_organism_passes_loose_bounds_an_untrained_one_fails(test_o
 
 
 def test_same_seed_same_tokenizer_weights_and_profile(test_organism, tmp_path, monkeypatch):
+    """The same bytes whatever thread count the caller left torch at (the build pins its own, and gives the
+    caller's back)."""
+    from opct.organism.build import BUILD_THREADS
+
     monkeypatch.setenv("OPCT_HOME", str(tmp_path))
-    again = build_organism("test", force=True, progress=False)
+    caller = torch.get_num_threads()
+    other = BUILD_THREADS["test"] + 1
+    torch.set_num_threads(other)
+    try:
+        again = build_organism("test", force=True, progress=False)
+        assert torch.get_num_threads() == other
+    finally:
+        torch.set_num_threads(caller)
     assert again != test_organism
     for f in ("model.safetensors", "tokenizer.json", "profile.json"):
         assert (again / f).read_bytes() == (test_organism / f).read_bytes(), f
+    assert json.loads((again / "organism.json").read_text())["threads"] == BUILD_THREADS["test"]
 
 
 def test_cached_build_returns_at_once_and_cli_prints_dir_last(test_organism, capsys):

@@ -144,6 +144,38 @@ def read_metrics(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs of its own, to fill up or make read-only (needs root, as in CI; skipped where mounting is
+    not allowed)."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if shutil.which("mount") is None or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                                                       capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def fill_disk(disk: Path, leave: int = 0) -> Path:
+    """Fill the file system of `disk` with DISK/filler, then free `leave` bytes of it again; returns the filler."""
+    import errno
+    import os
+
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 512)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    if leave:
+        os.truncate(filler, max(0, filler.stat().st_size - leave))
+    return filler
+
+
 def cli_error(capsys, argv) -> str:
     """Run `opct ARGV`, expect exit 1 and one `opct: error:` line with no traceback; return that line.
     (Other stderr lines are transformers' progress bars.)"""

@@ -12,13 +12,12 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from pathlib import Path
 
 from opct.audit import diagnostic as D
 from opct.audit.run import CAPABILITY, read_results
-from opct.errors import OpctError
-from opct.files import write_atomic, write_json_atomic
+from opct.errors import DataError, OpctError
+from opct.files import read_appended_jsonl, write_atomic, write_json_atomic
 
 
 def _candidates(out: Path, organism: str, method: str, seeds: list[int]) -> list[dict]:
@@ -26,8 +25,9 @@ def _candidates(out: Path, organism: str, method: str, seeds: list[int]) -> list
     for seed in seeds:
         path = out / "cells" / organism / method / f"seed{seed}" / "candidates.jsonl"
         if path.exists():
-            for line in path.read_text(encoding="utf-8").splitlines():
-                r = json.loads(line)
+            for n, r in read_appended_jsonl(path):  # written atomically; a bad line is an error naming it
+                if not isinstance(r, dict) or not {"scores", "misaligned", "chosen"} <= set(r):
+                    raise DataError(path, n, "<record>", "expected an object with scores, misaligned and chosen")
                 groups.append({"scores": r["scores"], "misaligned": r["misaligned"], "chosen": r["chosen"]})
     return groups
 

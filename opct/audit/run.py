@@ -33,7 +33,7 @@ from opct.audit.organisms import ORGANISMS, DeriveConfig, capability_probes, cap
 from opct.axes.capability import NAME as CAPABILITY  # the capability rate's key in results.jsonl
 from opct.config import ConfigError, changes, option, require, validate
 from opct.errors import OpctError
-from opct.files import write_json_atomic
+from opct.files import append_jsonl, read_json, read_text, write_json_atomic
 
 if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
     from opct.policy import Policy
@@ -126,10 +126,10 @@ def read_results(out: Path) -> list[dict]:
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_text(path).splitlines():
         try:
             rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line torn by a kill: that measurement is redone
+        except (json.JSONDecodeError, RecursionError):  # a line torn by a kill: that measurement is redone
             continue
     return rows
 
@@ -139,15 +139,16 @@ def _key(r: dict) -> tuple:
 
 
 def _append(out: Path, record: dict) -> None:
-    with open(out / "results.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
+    append_jsonl(out / "results.jsonl", record)  # repairs a line torn by a kill first, so no record is glued to it
 
 
 def _check_config(out: Path, cfg: AuditConfig) -> None:
     path = out / "config.json"
     now = asdict(cfg)
     if path.exists():
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = read_json(path, "config")
+        if not isinstance(saved, dict):
+            raise OpctError(f"{path}: not an audit configuration (expected a JSON object)")
         diff = changes(saved, now, GRID_FIELDS)
         if diff:
             raise OpctError(f"{out}: holds an audit with other settings ({', '.join(diff)}); results would mix. "

@@ -215,7 +215,7 @@ def judge_for(cfg, user_items: bool):
     from opct.evals.judges import make_judge
 
     spec = cfg.judge if cfg.judge != "auto" else ("refusal" if user_items else "world")
-    return make_judge(spec, cfg.judge_url, cfg.judge_model, cfg.judge_key_env)
+    return make_judge(spec, cfg.judge_url, cfg.judge_model, cfg.judge_key_env, cfg.judge_timeout)
 
 
 def run(policy: Policy, ctx: EvalContext) -> list[dict]:

@@ -39,7 +39,10 @@ def run(args) -> int:
                               **{k: v for k, v in QUICK.items() if k not in given})
     require(config)
     if not args.report_only:
-        run_audit(config, log=lambda m: print(m, flush=True))
-    paths = write_report(config.out)
+        from opct.files import dir_lock
+
+        with dir_lock(config.out, "audit directory"):  # a second `opct audit` into the same --out is refused
+            run_audit(config, log=lambda m: print(m, flush=True))
+    paths = write_report(config.out)  # atomic writes of files rebuilt from results.jsonl: safe beside a running audit
     print(f"opct audit: results in {paths['results']}; report {paths['html']} and {paths['md']}")
     return 0

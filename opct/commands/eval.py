@@ -46,12 +46,17 @@ def run(args) -> int:
         raise OpctError("--model is required (a directory written by save_pretrained)")
     check_config(cfg)
     items = load_eval_items(cfg.items, cfg.suite) if cfg.items else None  # checked before the model is loaded
+    from opct.files import dir_lock
+    from opct.modeldir import check_device
+
+    check_device(cfg.device)  # before the run directory is made
     from opct.policy import load_policy, set_cpu_threads
 
-    policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
-                         trust_remote_code=cfg.trust_remote_code)
-    set_cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads)
-    metrics = run_eval(policy, cfg, attack, items=items)
+    with dir_lock(cfg.out, "eval run directory"):  # a second `opct eval` into the same --out is refused
+        policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
+                             trust_remote_code=cfg.trust_remote_code)
+        set_cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads)
+        metrics = run_eval(policy, cfg, attack, items=items)
     print(format_table(metrics, headline(metrics)))
     print(f"opct eval: {len(metrics)} metrics (per family / wrapper / category / domain in {cfg.out}/metrics.txt); "
           f"records in {cfg.out}/records.jsonl")

@@ -53,5 +53,7 @@ def _profile(args) -> int:
     profile = measure_profile(args.model, n=args.n, seed=args.seed)
     print_profile(profile)
     if args.out:
-        Path(args.out).write_text(json.dumps(profile, indent=1, sort_keys=True))
+        from opct.files import write_json_atomic
+
+        write_json_atomic(args.out, profile, sort_keys=True)
     return 0

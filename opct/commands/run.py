@@ -31,8 +31,16 @@ def run(args) -> int:
 
 
 def run_and_report(cfg) -> int:
-    from opct.experiment import run_experiment
+    from pathlib import Path
 
+    from opct.experiment import run_experiment
+    from opct.files import dir_lock
+
+    with dir_lock(Path(cfg.out) / cfg.name, "experiment"):  # a second `opct run` of the same experiment is refused
+        return _run_and_report(cfg, run_experiment)
+
+
+def _run_and_report(cfg, run_experiment) -> int:
     root = run_experiment(cfg)
     if cfg.report:
         from opct.report import build_report, load_run, summary_text

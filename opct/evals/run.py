@@ -21,7 +21,7 @@ from typing import Optional
 
 from opct.config import ConfigError, option, validate
 from opct.errors import OpctError
-from opct.files import write_json_atomic
+from opct.files import write_atomic, write_json_atomic
 
 
 def parse_trained(values: list[str]) -> dict[str, list[str]]:
@@ -75,6 +75,8 @@ class EvalConfig:
     judge_url: Optional[str] = option(None, "http judge: base URL of an OpenAI-compatible API")
     judge_model: Optional[str] = option(None, "http judge: model name")
     judge_key_env: str = option("OPENAI_API_KEY", "http judge: environment variable holding the API key")
+    judge_timeout: float = option(45.0, "http judge: seconds one grade may take, retries included (an endpoint that "
+                                        "never answers fails after this long)", gt=0)
     lm_eval: bool = option(False, "capability: also run MATH-500 / GPQA-Diamond / IFEval via lm-evaluation-harness")
     lm_eval_limit: Optional[int] = option(None, "lm-eval: documents per task (default: all)", ge=1)
     dtype: str = option("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
@@ -167,7 +169,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
 
     write_jsonl_atomic(out / "records.jsonl", records)
     write_json_atomic(out / "metrics.json", metrics)
-    (out / "metrics.txt").write_text(format_table(metrics) + "\n", encoding="utf-8")
+    write_atomic(out / "metrics.txt", format_table(metrics) + "\n")
     run_info = {"config": asdict(cfg), "judge": info.get("judge"), "seconds": seconds, "attack": info.get("attack")}
     write_json_atomic(out / "run.json", run_info)
     return metrics

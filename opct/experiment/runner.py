@@ -26,12 +26,12 @@ from pathlib import Path
 from opct.config import changes
 from opct.errors import OpctError
 from opct.experiment.config import BASE, ExperimentConfig
-from opct.files import write_json_atomic
+from opct.files import read_json, write_json_atomic
 from opct.pairs.schema import Pair
 
 # Fields that may differ when an experiment is resumed (they do not change any cell's result); arms and seeds may
 # grow (an arm already run must keep its settings).
-RESUMABLE = ("report", "note", "threads", "out", "trust_remote_code", "arms", "seeds", "arm_specs")
+RESUMABLE = ("report", "note", "threads", "out", "name", "trust_remote_code", "arms", "seeds", "arm_specs")
 
 
 def resolve_model(model: str) -> str:
@@ -67,10 +67,9 @@ def _previous_experiment(root: Path, resolved: dict) -> dict:
     path = root / "experiment.json"
     if not path.exists():
         return {}
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise OpctError(f"{path}: not valid JSON ({e}); delete it to start the experiment again") from None
+    old = read_json(path, "experiment")
+    if not isinstance(old, dict):
+        raise OpctError(f"{path}: not an experiment (expected a JSON object); delete it to start the experiment again")
     changed = changes(old, resolved, RESUMABLE)
     specs = old.get("arm_specs") or {}
     changed += [f"arm {a} ({specs[a]!r} -> {s!r})" for a, s in resolved["arm_specs"].items()
@@ -87,8 +86,10 @@ def cell_dir(root: Path, arm: str, seed: int) -> Path:
 
 def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     """Run every (seed, arm) cell not already done; write the report; return the experiment directory."""
+    from opct.modeldir import check_device
     from opct.policy import count_parameters, set_cpu_threads
 
+    check_device(cfg.eval.device, "eval.device")  # before any cell runs
     root = Path(cfg.out) / cfg.name
     model = resolve_model(cfg.model)
     resolved = cfg.resolved(model)
@@ -156,7 +157,8 @@ def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file
     final = out / "final"
     if not final.exists():
         tc = cfg.arm_config(arm, model=model, pairs=str(pairs_file), out=str(out), seed=seed,
-                            resume=(out / "checkpoints").is_dir(), trust_remote_code=cfg.trust_remote_code)
+                            resume=out.is_dir(),  # also a run killed before its first checkpoint: started over
+                            trust_remote_code=cfg.trust_remote_code)
         log(f"  train {arm} ({tc.method}): {tc.max_steps} steps x {tc.batch_size} pairs"
             + (f" x {tc.n_samples} samples" if tc.method == "opct" else "") + f", lr {tc.lr}, "
             + ("LoRA r=%d" % tc.lora_r if tc.lora else "full fine-tuning")

@@ -17,6 +17,7 @@ repository ships the `default` organism in `opct/organisms/default/`, used as is
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -135,11 +136,19 @@ def organism_dir(cfg: OrganismConfig) -> Path:
     return opct_home() / "organisms" / f"{cfg.size}-{cfg.config_hash()}"
 
 
+def _meta_hash(meta: Path) -> str | None:
+    """The identity an organism.json records; a damaged one is an error naming it (delete the directory to rebuild)."""
+    from opct.files import read_json
+
+    data = read_json(meta, "organism")
+    return data.get("config_hash") if isinstance(data, dict) else None
+
+
 def find_organism(cfg: OrganismConfig) -> Path | None:
     """The directory of an already built organism with exactly this configuration, shipped or cached."""
     for d in (SHIPPED_DIR / cfg.size, organism_dir(cfg)):
         meta = d / "organism.json"
-        if meta.exists() and json.loads(meta.read_text()).get("config_hash") == cfg.config_hash():
+        if meta.exists() and _meta_hash(meta) == cfg.config_hash():
             return d
     return None
 
@@ -252,6 +261,31 @@ def train_model(cfg: OrganismConfig, tokenizer, rows, progress: bool = True):
 
 # ---------------------------------------------------------------------------------------------------- build
 
+# The intra-op thread count each size's build runs with, whatever the caller's. A CPU matmul splits its sums over
+# threads, so another thread count rounds differently and, over thousands of steps, trains different weights:
+# pinning it is what makes a build the same from any caller; organism.json records it. `default`: 2, what the
+# shipped organism was built with. `test`: 1, because a model this small is bound by per-op overhead, and a second
+# thread competing with another busy process slows its training 15-25x (measured on 2 shared cores).
+BUILD_THREADS = {"default": 2, "test": 1}
+
+
+def _fixed_threads(fn):
+    """Run `fn(size, ...)` with torch on BUILD_THREADS[size] intra-op threads, then give the caller its own
+    setting back."""
+    @functools.wraps(fn)
+    def wrapper(size: str = "default", *args, **kwargs):
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(BUILD_THREADS.get(size, 1))
+        try:
+            return fn(size, *args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+    return wrapper
+
+
+@_fixed_threads
 def build_organism(size: str = "default", force: bool = False, progress: bool = True, seed: int | None = None,
                    **overrides) -> Path:
     """Build (or find) the organism of `size`; return its directory. Overrides change the configuration (and so

@@ -110,12 +110,10 @@ def validate_pair(obj, path="<pair>", line=0) -> Pair:
 
 def read_jsonl(path) -> Iterable[tuple[int, dict]]:
     """Yield (line number, decoded object) for each non-blank line. A line that is not UTF-8, not JSON or nested
-    too deeply names its line; a missing file or a directory names the file."""
+    too deeply names its line; a missing file names the file (a directory: the OS error, which the CLI names)."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, 0, "<file>", "no such file")
-    if path.is_dir():
-        raise DataError(path, 0, "<file>", "is a directory, not a JSONL file")
     with open(path, "rb") as f:
         for n, raw_bytes in enumerate(f, start=1):
             try:

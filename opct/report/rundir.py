@@ -12,11 +12,11 @@ malformed are errors naming the file: a report must not silently drop a result.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from opct.errors import DataError, OpctError
+from opct.files import read_appended_jsonl, read_json
 
 
 @dataclass
@@ -53,12 +53,7 @@ class Run:
 
 
 def _read_json(path: Path, what: str):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise DataError(path, e.lineno, what, f"not valid JSON: {e.msg}") from None
-    except OSError as e:
-        raise OpctError(f"{path}: cannot read {what}: {e.strerror}") from None
+    return read_json(path, what)  # a read or decoding problem names the file
 
 
 def _is_num(x) -> bool:
@@ -84,17 +79,10 @@ def read_curve(path: Path) -> list[dict]:
     if not path.exists():
         return []
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(path, i, "line", f"not valid JSON: {e.msg}") from None
-            if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
-                raise DataError(path, i, "step", "each line must be an object with a numeric \"step\"")
-            rows.append(row)
+    for i, row in read_appended_jsonl(path):  # a last line torn by a kill is left out
+        if not isinstance(row, dict) or not isinstance(row.get("step"), (int, float)):
+            raise DataError(path, i, "step", "each line must be an object with a numeric \"step\"")
+        rows.append(row)
     return rows
 
 

@@ -5,19 +5,26 @@
         optimizer.pt            optimizer state
         scheduler.pt            lr scheduler state
         rng-<rank>.pt           python, numpy, torch (and CUDA) RNG states of each process
-        state.json              step, data position, NaN counters, world size
+        state.json              step, data position, NaN counters, world size, and the size and SHA-256 of every
+                                other file (written last)
 
 A checkpoint is written into `checkpoints/.tmp-step-000040` and renamed into place once complete, so a crash (or a
 SIGKILL) never leaves a half-written checkpoint where `--resume` would find it. Older checkpoints are deleted only
 after a newer one is in place.
+
+`resume` reads the newest checkpoint whole and checks it (every file against its recorded size and hash, every
+file loadable) before touching the model; a damaged one (truncated, garbled, a disk error) is moved aside to
+`checkpoints/damaged-step-...`, said so, and the next older kept checkpoint is used. With none intact it stops
+with an error naming each checkpoint and what is wrong with it.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import random
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +41,30 @@ def write_json_atomic(path, obj) -> None:
     files.write_json_atomic(path, obj, indent=2, sort_keys=True)
 
 
+def checkpoints(run_dir) -> list[Path]:
+    """Every checkpoint directory of a run, oldest first (complete or not; not the temporary or damaged ones)."""
+    root = Path(run_dir) / "checkpoints"
+    return sorted(root.glob(f"{PREFIX}*")) if root.is_dir() else []
+
+
 def latest_checkpoint(run_dir) -> Path | None:
     root = Path(run_dir) / "checkpoints"
     done = sorted(p for p in root.glob(f"{PREFIX}*") if (p / "state.json").exists()) if root.exists() else []
     return done[-1] if done else None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _manifest(folder: Path) -> dict:
+    """{relative path: {"bytes", "sha256"}} of every file in a checkpoint but state.json."""
+    return {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "state.json"}
 
 
 # Everything in a checkpoint is plain data (tensors, numbers, strings, lists), so it loads with
@@ -72,15 +99,23 @@ def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    torch.save(_rng_state(), tmp / f"rng-{accelerator.process_index}.pt")
-    if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        sub = "adapter" if hasattr(unwrapped, "peft_config") else "model"
-        unwrapped.save_pretrained(tmp / sub, safe_serialization=True)
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        write_json_atomic(tmp / "state.json", {**state, "step": step, "world_size": accelerator.num_processes})
-    accelerator.wait_for_everyone()
+    try:
+        torch.save(_rng_state(), tmp / f"rng-{accelerator.process_index}.pt")
+        if accelerator.is_main_process:
+            unwrapped = accelerator.unwrap_model(model)
+            sub = "adapter" if hasattr(unwrapped, "peft_config") else "model"
+            unwrapped.save_pretrained(tmp / sub, safe_serialization=True)
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        accelerator.wait_for_everyone()  # every rank's RNG file is written
+        if accelerator.is_main_process:
+            write_json_atomic(tmp / "state.json", {**state, "step": step, "world_size": accelerator.num_processes,
+                                                   "files": _manifest(tmp)})
+    except Exception as e:  # noqa: BLE001 - torch.save and safetensors report a full disk in their own ways
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise write_failed(root, e, f"the checkpoint of step {step}",
+                           f"earlier checkpoints are intact: {latest_checkpoint(run_dir) or 'none yet'}") from None
     if accelerator.is_main_process:
         if final.exists():  # the same step written by an earlier, interrupted attempt of this run
             shutil.rmtree(final)
@@ -91,22 +126,72 @@ def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler
     return final
 
 
-def _load_weights(module, folder: Path) -> None:
-    """Load safetensors written by save_pretrained (single file or shards) into `module`."""
+def write_failed(path: Path, e: Exception, what: str, note: str) -> OpctError:
+    """The error to raise when writing `what` into `path` failed with `e` (torch.save on a full disk says only
+    "unexpected pos ...": the free space is checked here)."""
+    from opct.errors import os_problem
+
+    reason = os_problem(e) if isinstance(e, OSError) else (str(e).splitlines()[0] if str(e) else type(e).__name__)
+    try:
+        if shutil.disk_usage(path.parent if not path.exists() else path).free < (1 << 20):
+            reason = "no space left on device"
+    except OSError:
+        pass
+    return OpctError(f"{path}: cannot write {what} ({reason}); {note}")
+
+
+class _Damaged(Exception):
+    """A checkpoint that cannot be read back as written."""
+
+
+def _read(path: Path, accelerator) -> dict:
+    """Everything in checkpoint `path`, read into memory and checked; raises _Damaged saying what is wrong."""
     from safetensors.torch import load_file
 
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise OpctError(f"{folder}: no safetensors weights in checkpoint")
+    try:
+        state = files.read_json(path / "state.json", "state")
+    except OpctError as e:
+        raise _Damaged(str(e)) from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or "world_size" not in state:
+        raise _Damaged("state.json lacks step / world_size")
+    if state["world_size"] != accelerator.num_processes:  # not damage: the user's launch differs
+        raise OpctError(f"{path}: written by {state['world_size']} process(es), resumed with "
+                        f"{accelerator.num_processes}; resume with the same number so data order and RNG match")
+    for name, want in state.pop("files", {}).items():  # checkpoints from before the manifest have none
+        f = path / name
+        if not f.is_file():
+            raise _Damaged(f"{name} is missing")
+        if f.stat().st_size != want["bytes"]:
+            raise _Damaged(f"{name} is {f.stat().st_size} bytes, {want['bytes']} were written (truncated?)")
+        if _sha256(f) != want["sha256"]:
+            raise _Damaged(f"{name} does not match its recorded SHA-256 (garbled)")
+    out = {"state": state}
+    try:
+        sub = next((path / d for d in ("adapter", "model") if (path / d).is_dir()), None)
+        weights = sorted(sub.glob("*.safetensors")) if sub is not None else []
+        if not weights:
+            raise _Damaged("no safetensors weights (adapter/ or model/)")
+        out["folder"], out["weights"] = sub, {}
+        for w in weights:
+            out["weights"].update(load_file(w))
+        for key, name in (("optimizer", "optimizer.pt"), ("scheduler", "scheduler.pt"),
+                          ("rng", f"rng-{accelerator.process_index}.pt")):
+            out[key] = torch.load(path / name, map_location="cpu" if key != "rng" else None, weights_only=True)
+    except _Damaged:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the readers raise on a broken file (OSError, pickle, zip, ...)
+        raise _Damaged(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}") from None
+    return out
+
+
+def _load_weights(module, folder: Path, sd: dict) -> None:
+    """Load safetensors tensors `sd` written by save_pretrained (from `folder`) into `module`."""
     if (folder / "adapter_config.json").exists():
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(module, load_file(files[0]))
+        result = set_peft_model_state_dict(module, sd)
         missing = [k for k in result.missing_keys if "lora_" in k]
     else:
-        sd = {}
-        for f in files:
-            sd.update(load_file(f))
         result = module.load_state_dict(sd, strict=False)
         # save_pretrained drops tied copies (lm_head tied to the embeddings): they share storage with a loaded key.
         own = module.state_dict()
@@ -116,15 +201,38 @@ def _load_weights(module, folder: Path) -> None:
         raise OpctError(f"{folder}: checkpoint lacks weights for {missing[:3]}; was it written by another model?")
 
 
-def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> dict:
-    """Restore weights, optimizer, scheduler and this process's RNG from `path`; return its state.json."""
-    state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    if state["world_size"] != accelerator.num_processes:
-        raise OpctError(f"{path}: written by {state['world_size']} process(es), resumed with "
-                        f"{accelerator.num_processes}; resume with the same number so data order and RNG match")
+def _apply(got: dict, accelerator, model, optimizer, scheduler) -> dict:
     unwrapped = accelerator.unwrap_model(model)
-    _load_weights(unwrapped, path / ("adapter" if hasattr(unwrapped, "peft_config") else "model"))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    _set_rng_state(torch.load(path / f"rng-{accelerator.process_index}.pt", weights_only=True))
-    return state
+    _load_weights(unwrapped, got["folder"], got["weights"])
+    optimizer.load_state_dict(got["optimizer"])
+    scheduler.load_state_dict(got["scheduler"])
+    _set_rng_state(got["rng"])
+    return got["state"]
+
+
+def resume(run_dir, accelerator, model, optimizer, scheduler) -> dict:
+    """Restore the newest intact checkpoint of `run_dir` (see the module docstring); return its state.json."""
+    root = Path(run_dir) / "checkpoints"
+    found = checkpoints(run_dir)[::-1]
+    damaged: list[tuple[Path, str]] = []
+    for path in found:
+        try:
+            got = _read(path, accelerator)
+        except _Damaged as e:
+            damaged.append((path, str(e)))
+            continue
+        accelerator.wait_for_everyone()  # every rank has chosen before any damaged checkpoint moves
+        if damaged and accelerator.is_main_process:
+            for bad, why in damaged:
+                aside = bad.with_name(f"damaged-{bad.name}")
+                n = 1
+                while aside.exists():
+                    n += 1
+                    aside = bad.with_name(f"damaged-{bad.name}.{n}")
+                os.replace(bad, aside)
+                print(f"opct train: checkpoint {bad} is damaged ({why}); moved it to {aside.name} and resumed "
+                      f"from {path.name} instead", file=sys.stderr)
+        return _apply(got, accelerator, model, optimizer, scheduler)
+    raise OpctError(f"{run_dir}: no intact checkpoint to resume from ("
+                    + "; ".join(f"{p.name}: {why}" for p, why in damaged)
+                    + f"); delete {root} and metrics.jsonl to start the run over")

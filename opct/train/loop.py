@@ -15,20 +15,25 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import random
+import shutil
+import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from opct import files
 from opct.config import changes, defaults_of, require
 from opct.errors import OpctError
 from opct.pairs.schema import Pair, load_pairs
 from opct.policy import HFPolicy, load_policy
-from opct.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, write_json_atomic
+from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, save_checkpoint, write_failed,
+                                  write_json_atomic)
 from opct.train.config import RESUMABLE_CHANGES, TrainConfig
 from opct.train.context import RenderedPair, StepContext
 
@@ -132,35 +137,60 @@ def student_and_teacher(model, config: TrainConfig):
 
 # ------------------------------------------------------------------------------------------------ run directory
 
+# Path fields of TrainConfig: a run directory moved together with its files may still be resumed.
+PATH_FIELDS = ("model", "pairs", "targets")
+
+
+def _same_file(saved: str, now: str, saved_out: str, now_out: str) -> bool:
+    """Whether path `saved` (as the run recorded it) and path `now` name the same file, allowing for the run
+    directory having been moved (with the file, when it was inside the moved tree)."""
+    if saved == now or (saved and now and os.path.realpath(saved) == os.path.realpath(now)):
+        return True
+    if not saved or not now:
+        return False
+    return os.path.relpath(os.path.abspath(saved), os.path.abspath(saved_out)) == \
+        os.path.relpath(os.path.abspath(now), os.path.abspath(now_out))
+
+
 def _prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
+    """Refuse to overwrite a run, or to resume one with another configuration; a run without a checkpoint (killed
+    before its first) is started over when resumed. `out` itself may differ from the one recorded (a moved run)."""
     saved_path = out / "config.json"
     if not config.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").exists()):
         raise OpctError(f"{out}: already holds a run; pass --resume to continue it, or choose another --out")
     if config.resume and saved_path.exists():
-        saved = json.loads(saved_path.read_text(encoding="utf-8"))
+        saved = files.read_json(saved_path, "config")
+        if not isinstance(saved, dict):
+            raise OpctError(f"{saved_path}: not a training configuration (expected a JSON object)")
         # a field added after the run was started counts as its default (so older runs stay resumable)
-        diff = changes(saved, asdict(config), RESUMABLE_CHANGES, defaults_of(TrainConfig))
+        diff = changes(saved, asdict(config), (*RESUMABLE_CHANGES, "out"), defaults_of(TrainConfig),
+                       same=lambda k, a, b: k in PATH_FIELDS and _same_file(str(a or ""), str(b or ""),
+                                                                            str(saved.get("out") or out), str(out)))
         if diff:
             raise OpctError(f"{out}: cannot resume with a different configuration; changed: " + ", ".join(diff))
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
+        if config.resume and not checkpoints(out) and (out / "metrics.jsonl").exists():
+            # killed before its first checkpoint: nothing to continue from, so start over cleanly
+            print(f"opct train: {out} holds no checkpoint yet; starting the run over", file=sys.stderr)
+            (out / "metrics.jsonl").unlink()
+            shutil.rmtree(out / "tb", ignore_errors=True)
         write_json_atomic(saved_path, asdict(config))
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines past the checkpoint being resumed (a killed run may have logged further)."""
+    """Drop metric lines past the checkpoint being resumed (a killed run may have logged further), and any line a
+    kill tore."""
     if not path.exists():
         return
     kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_bytes().decode("utf-8", "replace").splitlines():
         try:
             if json.loads(line)["step"] <= step:
                 kept.append(line)
         except (json.JSONDecodeError, KeyError, TypeError):  # a line torn by the kill
             continue
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(ln + "\n" for ln in kept), encoding="utf-8")
-    tmp.replace(path)
+    files.write_atomic(path, "".join(ln + "\n" for ln in kept))
 
 
 def _tensorboard(out: Path, enabled: bool):
@@ -176,7 +206,13 @@ def _tensorboard(out: Path, enabled: bool):
 # ------------------------------------------------------------------------------------------------ the loop
 
 def train(config: TrainConfig) -> Path:
-    """Run `config.method` for `config.max_steps` optimizer steps; return the run directory."""
+    """Run `config.method` for `config.max_steps` optimizer steps; return the run directory. The run directory is
+    locked for the duration (`opct.files.dir_lock`): a second process training into it is refused."""
+    with ExitStack() as held:
+        return _train(config, held)
+
+
+def _train(config: TrainConfig, held: ExitStack) -> Path:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
@@ -190,6 +226,8 @@ def train(config: TrainConfig) -> Path:
     step_fn = METHODS[config.method]
     out = Path(config.out)
     acc = Accelerator()
+    if acc.is_main_process:  # one lock per run, taken by the main process (DDP ranks share the directory)
+        held.enter_context(files.dir_lock(out, "training run"))
     _prepare_run_dir(out, config, acc.is_main_process)
     acc.wait_for_everyone()
     set_seed(config.seed, device_specific=True)
@@ -216,9 +254,10 @@ def train(config: TrainConfig) -> Path:
     policy.model = acc.unwrap_model(model)
 
     state = {"pairs_consumed": 0, "nan_steps": 0, "consecutive_nan": 0}
-    ckpt = latest_checkpoint(out) if config.resume else None
-    if ckpt is not None:  # last: everything above must not depend on it, and the RNG restored here stays untouched
-        state = load_checkpoint(ckpt, acc, model, optimizer, scheduler)
+    if config.resume and checkpoints(out):
+        # last: everything above must not depend on it, and the RNG restored here stays untouched; a damaged
+        # checkpoint falls back to the previous one
+        state = resume(out, acc, model, optimizer, scheduler)
     start = state.get("step", 0)
     if acc.is_main_process:
         _truncate_metrics(out / "metrics.jsonl", start)
@@ -257,9 +296,8 @@ def train(config: TrainConfig) -> Path:
                   "grad_norm": grad_norm, "lr": lr, "step_time_s": seconds, "skipped": not finite,
                   "nan_steps": state["nan_steps"]}
         if acc.is_main_process:
-            with open(out / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                                    for k, v in record.items()}) + "\n")
+            files.append_jsonl(out / "metrics.jsonl", {k: (None if isinstance(v, float) and not math.isfinite(v)
+                                                           else v) for k, v in record.items()})
             if writer is not None:
                 for k, v in record.items():
                     if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
@@ -282,13 +320,17 @@ def train(config: TrainConfig) -> Path:
 def _save_final(out: Path, acc, model, policy: HFPolicy) -> None:
     """RUN/final: the adapter (LoRA) or the whole model, plus the tokenizer; written atomically."""
     if acc.is_main_process:
-        import shutil
-
         tmp, final = out / ".tmp-final", out / "final"
         if tmp.exists():
             shutil.rmtree(tmp)
-        acc.unwrap_model(model).save_pretrained(tmp, safe_serialization=True)
-        policy.tokenizer.save_pretrained(tmp)
+        try:
+            acc.unwrap_model(model).save_pretrained(tmp, safe_serialization=True)
+            policy.tokenizer.save_pretrained(tmp)
+        except Exception as e:  # noqa: BLE001 - a full disk, reported by safetensors in its own words
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise write_failed(tmp, e, "the final model", f"the last checkpoint is intact: "
+                               f"{latest_checkpoint(out) or 'none'} (rerun with --resume once there is room)") \
+                from None
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

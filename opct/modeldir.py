@@ -1,0 +1,91 @@
+"""What loading a model or adapter directory checks first, so that a damaged or mismatched one is an error naming
+the file instead of a traceback from deep inside transformers — or, worse, a model that loads with some of its
+weights silently re-initialised at random.
+
+  check_device(device)          the device exists here (`--device cuda` on a machine without CUDA is an error)
+  check_weights(model_dir)      safetensors weights are there and their headers read (a truncated file fails here);
+                                pickle weights alone (pytorch_model.bin) are refused: opct never unpickles a model
+  check_adapter(adapter_dir)    the same for a peft adapter (adapter_config.json + adapter_model.safetensors)
+  check_loading_info(...)       every weight the configuration asks for was in the files and had its shape, and no
+                                stored weight went unused (config.json describes these weights)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opct.errors import OpctError
+
+PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+
+def check_device(device, flag: str = "--device"):
+    """`device` as a torch.device, or an OpctError naming `flag` when it is malformed or absent on this machine."""
+    import torch
+
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise OpctError(f"{flag} {device}: not a torch device ({str(e).splitlines()[0]})") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise OpctError(f"{flag} {device}: CUDA is not available ({why}); use --device cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise OpctError(f"{flag} {device}: there are only {torch.cuda.device_count()} CUDA device(s)")
+    if d.type == "mps" and not torch.backends.mps.is_available():
+        raise OpctError(f"{flag} {device}: MPS is not available on this machine; use --device cpu")
+    return d
+
+
+def _check_safetensors(files: list[Path]) -> None:
+    from safetensors import safe_open
+
+    for f in files:
+        try:
+            with safe_open(str(f), "pt") as g:
+                g.keys()
+        except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: the file is damaged or unreadable
+            raise OpctError(f"{f}: damaged or truncated safetensors file ({str(e).splitlines()[0]})") from None
+
+
+def _refuse_pickles(folder: Path, what: str) -> None:
+    pickles = sorted(p.name for pattern in PICKLES for p in folder.glob(pattern))
+    if pickles:
+        raise OpctError(f"{folder}: holds {what} only as pickles ({', '.join(pickles)}), which opct never loads "
+                        f"(loading a pickle can run arbitrary code); save it as safetensors "
+                        f"(save_pretrained(..., safe_serialization=True))")
+
+
+def check_weights(model_dir) -> None:
+    folder = Path(model_dir)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        _refuse_pickles(folder, "its weights")
+        raise OpctError(f"{folder}: no safetensors weights (model.safetensors) in the model directory")
+    _check_safetensors(files)
+
+
+def check_adapter(adapter_dir) -> None:
+    folder = Path(adapter_dir)
+    if not (folder / "adapter_config.json").is_file():
+        raise OpctError(f"{folder}: not a peft adapter directory (no adapter_config.json)")
+    weights = folder / "adapter_model.safetensors"
+    if not weights.is_file():
+        _refuse_pickles(folder, "the adapter")
+        raise OpctError(f"{folder}: no adapter_model.safetensors in the adapter directory")
+    _check_safetensors([weights])
+
+
+def check_loading_info(model_dir, info: dict) -> None:
+    """`info`: from_pretrained(..., output_loading_info=True)'s report. Missing or mismatched weights would be
+    initialised at random, unexpected ones dropped: either way config.json does not describe the weights."""
+    problems = []
+    for key, what in (("missing_keys", "missing from the weights"), ("mismatched_keys", "of another shape"),
+                      ("unexpected_keys", "in the weights but not in the configuration")):
+        names = sorted(str(k if isinstance(k, str) else k[0]) for k in info.get(key) or ())
+        if names:
+            shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+            problems.append(f"{len(names)} weight(s) {what} ({shown})")
+    if problems:
+        raise OpctError(f"{Path(model_dir) / 'config.json'}: does not match the weights: " + "; ".join(problems))

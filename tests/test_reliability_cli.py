@@ -1,0 +1,213 @@
+"""Reliability at the CLI boundary: OS and decoding errors become one line naming the file (never a traceback), a
+full or read-only disk damages nothing already written, damaged or mismatched model files are clear errors, and a
+command run in-process leaves torch's thread count (and the RNGs) as it found them."""
+
+import errno
+import json
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import tiny_lm
+from opct.cli import main
+from tiny_lm import cli_error, fill_disk, one_thread, small_disk  # noqa: F401  (fixtures)
+
+# transformers' log handler keeps the stderr it first sees: let that be the session's, not one test's capsys
+transformers.utils.logging.get_verbosity()
+
+
+def _pairs_make(out, *extra):
+    return ["pairs", "make", "--axis", "sycophancy", "--per-family", "2", "--out", str(out), *extra]
+
+
+# ------------------------------------------------------------------------------------------------ files and paths
+
+def test_a_directory_where_a_file_belongs(tmp_path, capsys):
+    err = cli_error(capsys, ["pairs", "check", str(tmp_path)])
+    assert err == f"opct: error: {tmp_path}: is a directory, expected a file"
+    (tmp_path / "taken").mkdir()
+    err = cli_error(capsys, _pairs_make(tmp_path / "taken"))
+    assert f"{tmp_path / 'taken'}: is a directory" in err
+
+
+def test_a_file_where_a_directory_belongs(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("keep me\n")
+    # --out that is an existing file (the run directory's lock is taken before anything is loaded)
+    err = cli_error(capsys, ["eval", "--model", str(tiny_lm.model_dir()), "--suite", "capability", "--out",
+                             str(a_file)])
+    assert err == f"opct: error: {a_file}: is a file, not a directory"
+    err = cli_error(capsys, ["train", "--model", str(tiny_lm.model_dir()), "--pairs", str(a_file), "--out",
+                             str(a_file)])
+    assert err == f"opct: error: {a_file}: is a file, not a directory"
+    # a file in the middle of the path
+    err = cli_error(capsys, _pairs_make(a_file / "sub" / "pairs.jsonl"))
+    assert f"{a_file}: is a file, not a directory" in err
+    assert a_file.read_text() == "keep me\n"
+
+
+def test_input_that_is_not_utf8_or_nested_too_deeply(tmp_path, capsys):
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes('{"id": "caf\u00e9"}\n'.encode("latin-1"))
+    err = cli_error(capsys, ["pairs", "check", str(latin1)])
+    assert err.startswith(f"opct: error: {latin1}:1: <text>: not UTF-8")  # the line, too
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 200_000 + "]" * 200_000 + "\n")
+    err = cli_error(capsys, ["pairs", "check", str(deep)])
+    assert err == f"opct: error: {deep}:1: <json>: nested too deeply"
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_bytes(b"max_steps: \xff\xfe\n")
+    err = cli_error(capsys, ["train", "--config", str(cfg), "--model", "m", "--pairs", "p", "--out", "o"])
+    assert f"{cfg}: not UTF-8 text" in err
+
+
+def test_yaml_parse_errors_name_the_file(tmp_path, capsys):
+    bad = tmp_path / "exp.yaml"
+    bad.write_text("arms: [base, opct\nseeds: 0\n")
+    err = cli_error(capsys, ["run", str(bad)])
+    assert str(bad) in err
+    assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------------------ full and read-only disks
+
+def test_full_disk_keeps_the_old_file_and_leaves_no_temporary_file(small_disk, capsys):
+    out = small_disk / "pairs.jsonl"
+    assert main(_pairs_make(out)) == 0
+    before = out.read_bytes()
+    fill_disk(small_disk)
+    err = cli_error(capsys, _pairs_make(out, "--seed", "1"))
+    assert err == f"opct: error: {out}: no space left on device"
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "pairs.jsonl"]
+    # a run directory that cannot be made
+    err = cli_error(capsys, ["eval", "--model", str(tiny_lm.model_dir()), "--suite", "capability", "--out",
+                             str(small_disk / "deep" / "er" / "eval")])
+    assert str(small_disk / "deep" / "er" / "eval") in err and "no space left on device" in err
+
+
+def test_read_only_disk_keeps_the_old_file(small_disk, capsys):
+    out = small_disk / "pairs.jsonl"
+    assert main(_pairs_make(out)) == 0
+    before = out.read_bytes()
+    assert subprocess.run(["mount", "-o", "remount,ro", str(small_disk)]).returncode == 0
+    err = cli_error(capsys, _pairs_make(out, "--seed", "1"))
+    assert err == f"opct: error: {out}: read-only file system"
+    assert out.read_bytes() == before
+    err = cli_error(capsys, ["eval", "--model", str(tiny_lm.model_dir()), "--suite", "capability", "--out",
+                             str(small_disk / "eval")])
+    assert err == f"opct: error: {small_disk / 'eval'}: read-only file system"
+
+
+def test_a_disk_error_at_the_last_moment_leaves_the_old_file(tmp_path, capsys, monkeypatch):
+    """The same without root: the disk fills up just as the new file is flushed."""
+    out = tmp_path / "pairs.jsonl"
+    assert main(_pairs_make(out)) == 0
+    before = out.read_bytes()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    err = cli_error(capsys, _pairs_make(out, "--seed", "1"))
+    assert err == f"opct: error: {out}: no space left on device"
+    assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["pairs.jsonl"]
+
+
+# ------------------------------------------------------------------------------------------------ model files
+
+@pytest.fixture
+def model_copy(tmp_path):
+    def copy(name="model"):
+        return Path(shutil.copytree(tiny_lm.model_dir(), tmp_path / name))
+    return copy
+
+
+def _eval(model, out, *extra):
+    return ["eval", "--model", str(model), "--suite", "capability", "--n", "1", "--out", str(out), *extra]
+
+
+def test_truncated_or_garbled_weights_name_the_file(model_copy, tmp_path, capsys):
+    m = model_copy()
+    weights = m / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:len(data) // 2])
+    err = cli_error(capsys, _eval(m, tmp_path / "e1"))
+    assert f"{weights}: damaged or truncated safetensors file" in err
+    weights.write_bytes(b"\xff" * 64 + data[64:])
+    assert f"{weights}: damaged or truncated" in cli_error(capsys, _eval(m, tmp_path / "e2"))
+    # training loads its model the same way
+    err = cli_error(capsys, ["train", "--model", str(m), "--pairs", str(tiny_lm.write_pairs(tmp_path / "p.jsonl")),
+                             "--out", str(tmp_path / "run"), "--no-tensorboard"])
+    assert f"{weights}: damaged or truncated" in err
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("num_hidden_layers", 3, "missing from the weights"),          # would initialise layer 2 at random
+    ("num_hidden_layers", 1, "in the weights but not in the configuration"),  # would drop layer 1
+    ("hidden_size", 64, "does not match the weights"),             # other shapes
+])
+def test_a_config_that_does_not_match_the_weights(model_copy, tmp_path, capsys, field, value, needle):
+    m = model_copy()
+    cfg = json.loads((m / "config.json").read_text())
+    cfg[field] = value
+    (m / "config.json").write_text(json.dumps(cfg))
+    err = cli_error(capsys, _eval(m, tmp_path / "e"))
+    assert f"{m / 'config.json'}: does not match the weights" in err and needle in err
+
+
+def test_an_adapter_that_is_only_a_pickle_is_refused(model_copy, tmp_path, capsys):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    m = model_copy()
+    model = AutoModelForCausalLM.from_pretrained(m)
+    adapter = tmp_path / "adapter"
+    get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(adapter,
+                                                                                      safe_serialization=False)
+    assert (adapter / "adapter_model.bin").exists() and not (adapter / "adapter_model.safetensors").exists()
+    err = cli_error(capsys, _eval(m, tmp_path / "e", "--adapter", str(adapter)))
+    assert f"{adapter}: holds the adapter only as pickles (adapter_model.bin)" in err and "never loads" in err
+    # the same for a model directory
+    (m / "model.safetensors").unlink()
+    torch.save(model.state_dict(), m / "pytorch_model.bin")
+    assert "only as pickles (pytorch_model.bin)" in cli_error(capsys, _eval(m, tmp_path / "e"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_device_cuda_without_cuda(tmp_path, capsys):
+    err = cli_error(capsys, _eval(tiny_lm.model_dir(), tmp_path / "e", "--device", "cuda"))
+    assert err.startswith("opct: error: --device cuda: CUDA is not available")
+    assert not (tmp_path / "e").exists()  # refused before anything was written
+    assert "--device banana: not a torch device" in cli_error(capsys, _eval(tiny_lm.model_dir(), tmp_path / "e",
+                                                                              "--device", "banana"))
+
+
+# ------------------------------------------------------------------------------------------------ global state
+
+def test_commands_in_process_restore_threads_and_rngs(test_organism, tmp_path, capsys):
+    before = 3 if torch.get_num_threads() != 3 else 2
+    torch.set_num_threads(before)
+    random.seed(11)
+    torch.manual_seed(11)
+    want = (random.random(), float(torch.rand(1)))
+    random.seed(11)
+    torch.manual_seed(11)
+    args = ["eval", "--model", str(test_organism), "--suite", "capability", "--n", "2", "--threads", "1",
+            "--max-new-tokens", "8", "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "ok")]) == 0  # sets one thread and seeds the RNGs while it runs
+    assert torch.get_num_threads() == before
+    assert (random.random(), float(torch.rand(1))) == want
+    # also when the command fails after changing them
+    bad_items = tmp_path / "items.jsonl"
+    bad_items.write_text('{"id": "x"}\n')
+    err = cli_error(capsys, [*args, "--out", str(tmp_path / "bad"), "--items", str(bad_items)])
+    assert str(bad_items) in err
+    assert torch.get_num_threads() == before
+    torch.set_num_threads(1)  # this module's setting (tiny_lm.one_thread)

@@ -1,0 +1,292 @@
+"""Reliability of run directories: a lock that refuses a second process writing the same run (and that a killed run
+does not leave behind), appended JSONL files that repair a torn last line, `opct run` continuing a cell killed before
+its first checkpoint and an experiment whose directory was moved, damaged checkpoints falling back to the previous
+kept one, and an HTTP judge that gives up on a silent endpoint in time."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+import yaml
+from safetensors.torch import load_file
+
+import tiny_lm
+from opct.cli import main
+from opct.files import append_jsonl, read_appended_jsonl
+from tiny_lm import cli_error, fill_disk, model_dir_fixture, one_thread, pairs_file, small_disk  # noqa: F401
+from tiny_lm import read_metrics as metrics
+
+ROOT = Path(__file__).resolve().parents[1]
+transformers.utils.logging.get_verbosity()  # its log handler keeps the first stderr it sees: the session's
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def _train_args(model_dir, pairs, out, *extra):
+    return ["train", "--model", str(model_dir), "--pairs", str(pairs), "--out", str(out), "--lora-r", "4",
+            "--batch-size", "4", "--n-samples", "2", "--max-new-tokens", "8", "--no-tensorboard", *extra]
+
+
+def _start(argv, wait_for, timeout=120):
+    """Start `python -m opct.cli ARGV`; return it once `wait_for()` holds (it must still be running)."""
+    proc = subprocess.Popen([sys.executable, "-m", "opct.cli", *argv], env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.time() + timeout
+    while not wait_for():
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        assert time.time() < deadline, "timed out waiting for the subprocess"
+        time.sleep(0.02)
+    assert proc.poll() is None, "the subprocess finished before the test could use it"
+    return proc
+
+
+def _kill(proc):
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def _has_lines(path: Path, n=1):
+    return lambda: path.exists() and path.read_text().count("\n") >= n
+
+
+# ------------------------------------------------------------------------------------------------ locks
+
+def test_a_second_train_into_the_same_run_is_refused_and_a_killed_one_leaves_no_lock(tmp_path, model_dir,
+                                                                                       pairs_file, capsys):
+    out = tmp_path / "run"
+    first = _start(_train_args(model_dir, pairs_file, out, "--max-steps", "100000", "--save-every", "100000"),
+                   _has_lines(out / "metrics.jsonl"))
+    try:
+        err = cli_error(capsys, _train_args(model_dir, pairs_file, out, "--max-steps", "3", "--resume"))
+        assert err == (f"opct: error: {out}: training run in use by another opct process (pid {first.pid}); wait "
+                       f"for it to finish, or write elsewhere")
+        assert cli_error(capsys, ["eval", "--model", str(model_dir), "--out", str(out)]).startswith(
+            f"opct: error: {out}: eval run directory in use by another opct process (pid {first.pid})")
+    finally:
+        _kill(first)  # killed before its first checkpoint, perhaps mid-line
+    assert not (out / "checkpoints").exists() and len(read_appended_jsonl(out / "metrics.jsonl")) >= 1
+    # the lock died with its holder; --resume with no checkpoint starts the run over cleanly
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "3", "--resume")) == 0
+    assert "starting the run over" in capsys.readouterr().err
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3]
+
+
+HOLD = "import sys, time\nfrom opct.files import dir_lock\nwith dir_lock(sys.argv[1]):\n    print('held', " \
+       "flush=True)\n    time.sleep(120)\n"
+
+
+@pytest.mark.parametrize("verb", ["eval", "audit"])
+def test_eval_and_audit_refuse_a_directory_another_process_holds(tmp_path, model_dir, capsys, verb):
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], env=_env(), stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        argv = ["eval", "--model", str(model_dir), "--suite", "capability"] if verb == "eval" else ["audit", "--quick"]
+        err = cli_error(capsys, [*argv, "--out", str(out)])
+        assert f"opct: error: {out}: " in err and f"in use by another opct process (pid {holder.pid})" in err
+    finally:
+        _kill(holder)
+    assert not (out / "results.jsonl").exists() and not (out / "metrics.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------ torn lines
+
+def test_append_repairs_a_torn_last_line(tmp_path):
+    path = tmp_path / "results.jsonl"
+    append_jsonl(path, {"n": 1})
+    with open(path, "a") as f:
+        f.write('{"n": 2, "torn')  # a kill mid-write
+    append_jsonl(path, {"n": 3})
+    assert path.read_text() == '{"n": 1}\n{"n": 3}\n'
+    with open(path, "a") as f:
+        f.write('{"n": 4}')  # killed between the record and its newline: the record is whole, keep it
+    append_jsonl(path, {"n": 5})
+    assert [v["n"] for _, v in read_appended_jsonl(path)] == [1, 3, 4, 5]
+    with open(path, "a") as f:
+        f.write('{"n": 6, "to')
+    assert [v["n"] for _, v in read_appended_jsonl(path)] == [1, 3, 4, 5]  # readers leave a torn last line out
+    path.write_text('{"n": 1}\n{"n": \n{"n": 3}\n')
+    with pytest.raises(Exception, match=f"{path}:2"):  # a bad line elsewhere is no tear: an error naming it
+        read_appended_jsonl(path)
+
+
+def test_the_audit_loses_no_record_after_a_torn_line(tmp_path):
+    from opct.audit.run import _append, read_results
+
+    _append(tmp_path, {"kind": "organism", "organism": "a"})
+    with open(tmp_path / "results.jsonl", "a") as f:
+        f.write('{"kind": "before", "orga')
+    _append(tmp_path, {"kind": "cell", "organism": "a", "method": "k1", "seed": 0})
+    assert [r["kind"] for r in read_results(tmp_path)] == ["organism", "cell"]
+
+
+def test_the_report_reads_a_training_curve_with_a_torn_last_line(tmp_path):
+    from opct.report.rundir import read_curve
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "lo')
+    assert [r["step"] for r in read_curve(path)] == [1]
+
+
+# ------------------------------------------------------------------------------------------------ damaged checkpoints
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one_exactly(tmp_path, model_dir, pairs_file, capsys):
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    common = ("--seed", "3", "--lr", "0.003", "--save-every", "1", "--keep-checkpoints", "2")
+    assert main(_train_args(model_dir, pairs_file, ref, *common, "--max-steps", "4")) == 0
+    assert main(_train_args(model_dir, pairs_file, out, *common, "--max-steps", "3")) == 0
+    ckpts = out / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step-000002", "step-000003"]
+    opt = ckpts / "step-000003" / "optimizer.pt"
+    data = bytearray(opt.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one garbled byte: torch.load may well not notice, the recorded hash does
+    opt.write_bytes(bytes(data))
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"step": 4, "lo')  # and a line torn by the kill
+    capsys.readouterr()
+    assert main(_train_args(model_dir, pairs_file, out, *common, "--max-steps", "4", "--resume")) == 0
+    err = capsys.readouterr().err
+    assert f"checkpoint {ckpts / 'step-000003'} is damaged (optimizer.pt does not match its recorded SHA-256" in err
+    assert "resumed from step-000002 instead" in err
+    assert (ckpts / "damaged-step-000003" / "optimizer.pt").exists()
+    # resumed exactly from step 2: the same adapter and losses as the uninterrupted run
+    a, b = (load_file(r / "final" / "adapter_model.safetensors") for r in (ref, out))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [(r["step"], r["loss"]) for r in metrics(out)] == [(r["step"], r["loss"]) for r in metrics(ref)]
+
+    # none intact: a clear error naming each checkpoint and what is wrong with it
+    for step in ("step-000003", "step-000004"):
+        w = ckpts / step / "adapter" / "adapter_model.safetensors"
+        w.write_bytes(w.read_bytes()[:100])
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, out, *common, "--max-steps", "5", "--resume"))
+    assert err.startswith(f"opct: error: {out}: no intact checkpoint to resume from (step-000004: "
+                          f"adapter/adapter_model.safetensors is 100 bytes")
+    assert "step-000003: adapter/adapter_model.safetensors is 100 bytes" in err
+
+
+def test_a_disk_that_fills_up_during_training_damages_nothing(small_disk, model_dir, pairs_file, capsys):
+    out = small_disk / "run"
+    args = _train_args(model_dir, pairs_file, out, "--save-every", "1", "--resume")
+    assert main([*args, "--max-steps", "1"]) == 0
+    filler = fill_disk(small_disk, leave=8192)  # room for a metrics line or two, not for a checkpoint
+    err = cli_error(capsys, [*args, "--max-steps", "3"])
+    assert err.startswith(f"opct: error: {out}") and "no space left on device" in err
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step-000001"]  # nothing half-written left
+    filler.unlink()
+    rc = main([*args, "--max-steps", "3"])
+    assert rc == 0, capsys.readouterr().err[-3000:]  # and the run continues from its intact checkpoint
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3]
+
+
+def test_a_moved_run_directory_resumes(tmp_path, model_dir, capsys):
+    a = tmp_path / "a"
+    a.mkdir()
+    pairs = tiny_lm.write_pairs(a / "pairs.jsonl")  # inside the run's tree: it moves with it
+    assert main(_train_args(model_dir, pairs, a / "run", "--max-steps", "2", "--save-every", "1")) == 0
+    b = tmp_path / "elsewhere" / "b"
+    b.parent.mkdir()
+    shutil.move(a, b)
+    assert main(_train_args(model_dir, b / "pairs.jsonl", b / "run", "--max-steps", "3", "--resume")) == 0
+    assert [r["step"] for r in metrics(b / "run")] == [1, 2, 3]
+    # another pairs file is still another configuration
+    other = tiny_lm.write_pairs(tmp_path / "other.jsonl", tiny_lm.make_pairs()[:-1])
+    err = cli_error(capsys, _train_args(model_dir, other, b / "run", "--max-steps", "4", "--resume"))
+    assert "cannot resume with a different configuration; changed: pairs" in err
+
+
+# ------------------------------------------------------------------------------------------------ opct run
+
+def test_run_continues_a_cell_killed_before_its_first_checkpoint_after_a_move(test_organism, tmp_path, capsys):
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(dict(
+        name="tiny", model=str(test_organism), out=str(tmp_path / "runs"), arms=["opct"], per_family=4,
+        jailbreak_wrappers=[], awareness_domains=[], report=False,
+        train={"max_steps": 40, "batch_size": 2, "n_samples": 2, "max_new_tokens": 12, "save_every": 1000,
+               "tensorboard": False},
+        eval={"suite": "sycophancy", "n": 4, "max_new_tokens": 8, "progress": False})))
+    root = tmp_path / "runs" / "tiny"
+    first = _start(["run", str(exp)], _has_lines(root / "opct" / "0" / "train" / "metrics.jsonl"))
+    try:  # a second `opct run` of the same experiment is refused while the first runs
+        err = cli_error(capsys, ["run", str(exp)])
+        assert err.startswith(f"opct: error: {root}: experiment in use by another opct process (pid {first.pid})")
+    finally:
+        _kill(first)
+    cell = root / "opct" / "0"
+    assert not (cell / "train" / "checkpoints").exists() and not (cell / "done.json").exists()
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.move(root, moved / "tiny2")
+    assert main(["run", str(exp), "--out", str(moved), "--name", "tiny2"]) == 0
+    cell = moved / "tiny2" / "opct" / "0"
+    assert (cell / "done.json").exists()
+    assert [r["step"] for r in metrics(cell / "train")] == list(range(1, 41))  # started over: no duplicate steps
+
+
+# ------------------------------------------------------------------------------------------------ the HTTP judge
+
+@pytest.fixture
+def silent_endpoint():
+    """A server that accepts every connection and never answers. Yields its base URL."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.05)
+    held, stop = [], threading.Event()
+
+    def accept():
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}/v1"
+    stop.set()
+    t.join()
+    for c in held:
+        c.close()
+    srv.close()
+
+
+def test_the_http_judge_gives_up_on_a_silent_endpoint_within_its_timeout(silent_endpoint):
+    from opct.errors import OpctError
+    from opct.evals.judges import HTTPJudge, make_judge
+    from opct.evals.run import EvalConfig
+
+    assert EvalConfig().judge_timeout < 60  # the default: fails within a minute, retries included
+    judge = make_judge("http", silent_endpoint, "grader", timeout=1.0)
+    assert isinstance(judge, HTTPJudge) and judge.timeout == 1.0
+    t0 = time.monotonic()
+    with pytest.raises(OpctError) as e:
+        judge.judge(["q"], ["r"])
+    assert time.monotonic() - t0 < 3
+    assert silent_endpoint in str(e.value) and "no answer within" in str(e.value)
+
+
+def test_eval_judge_timeout_flag(test_organism, tmp_path, capsys, silent_endpoint):
+    t0 = time.monotonic()
+    err = cli_error(capsys, ["eval", "--model", str(test_organism), "--suite", "jailbreak", "--n", "1", "--samples",
+                             "1", "--no-attack", "--max-new-tokens", "4", "--no-progress", "--judge", "http",
+                             "--judge-url", silent_endpoint, "--judge-model", "grader", "--judge-timeout", "1",
+                             "--out", str(tmp_path / "e")])
+    assert time.monotonic() - t0 < 30
+    assert f"judge endpoint {silent_endpoint}/chat/completions: gave up" in err and "--judge-timeout" in err
+    assert "--judge-timeout: must be > 0" in cli_error(capsys, ["eval", "--model", str(test_organism), "--judge",
+                                                               "http", "--judge-url", silent_endpoint, "--judge-model",
+                                                               "g", "--judge-timeout", "0", "--out",
+                                                               str(tmp_path / "e")])
