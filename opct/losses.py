@@ -25,6 +25,11 @@ Estimators of its gradient (`ESTIMATORS`):
            pi_theta(y_t) / q(y_t) against the sampler q (useful when sampling at temperature != 1). Since
            E_{y_t ~ pi_theta}[delta_t * grad log pi_theta(y_t)] = grad KL_t, it agrees with `full` in expectation.
            Back-propagating delta_t itself (k1) or k3 directly would give the wrong gradient; this never does.
+  paper    the OPCT paper's objective (its code's `importance_sampling` loss): per token the advantage
+           A_t = -(log q(y_t) - log pi_T(y_t)), with q the sampler's log-prob of the token, and the surrogate
+           -exp(log pi_theta(y_t) - log q(y_t)) * A_t, SUMMED over all response tokens of the step (no division by
+           their count: `SUM_LOSS`), no clipping. On-policy at temperature 1 (q = pi_theta) its gradient is
+           `sampled`'s; it differs in using the sampler's log-prob in the advantage and in the token-sum scale.
 
 Every estimator returns `(surrogate_B_T, value_B_T)`: back-propagate the masked sum of `surrogate`; report `value`
 (KL_t for full/topk, delta_t — the unbiased single-sample estimate of KL_t — for sampled).
@@ -136,7 +141,27 @@ def _sampled(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, sampler_logp
     return reinforce_surrogate(s_logp, t_logp, sampler_logp_B_T, importance_clip), (s_logp - t_logp).detach()
 
 
+def paper_surrogate(student_logp_B_T: torch.Tensor, teacher_logp_B_T: torch.Tensor,
+                    sampler_logp_B_T: torch.Tensor) -> torch.Tensor:
+    """-exp(log pi_theta - log q) * A_t with A_t = -(log q - log pi_T) held fixed: (B, T). Its gradient is
+    ratio_t * (log q(y_t) - log pi_T(y_t)) * grad log pi_theta(y_t)."""
+    advantage_B_T = -(sampler_logp_B_T - teacher_logp_B_T).detach()
+    ratio_B_T = torch.exp((student_logp_B_T - sampler_logp_B_T.detach()).clamp(-20.0, 20.0))
+    return -ratio_B_T * advantage_B_T
+
+
+def _paper(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, sampler_logp_B_T=None, **_):
+    s_logp = token_logprobs(student_logp_B_T_V, tokens_B_T)
+    t_logp = token_logprobs(teacher_logp_B_T_V.detach(), tokens_B_T)
+    q_logp = s_logp.detach() if sampler_logp_B_T is None else sampler_logp_B_T
+    return paper_surrogate(s_logp, t_logp, q_logp), (s_logp - t_logp).detach()
+
+
 # name -> fn(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, topk, sampler_logp_B_T, importance_clip)
 #         -> (surrogate_B_T, value_B_T); the inputs are log-probs (`log_probs(logits)`), aligned on the response.
-ESTIMATORS = {"full": _full, "topk": _topk, "sampled": _sampled}
+ESTIMATORS = {"full": _full, "topk": _topk, "sampled": _sampled, "paper": _paper}
+# Estimators whose loss is summed over the step's response tokens instead of averaged over them.
+SUM_LOSS = ("paper",)
+# Estimators that need the sampler's log-probs of the tokens.
+NEEDS_SAMPLER = ("paper",)
 DEFAULT_ESTIMATOR = "full"

@@ -239,7 +239,7 @@ def test_incomplete_cells_are_listed_and_left_out(tmp_path):
     syc = md_table(text, "Sycophancy (wrong suggestions)")
     assert syc["bct"]["sycophancy rate ↓"] == "–" and syc["bct"]["seeds"] == "0/2"
     assert syc["base"]["seeds"] == "1/2" and syc["base"]["sycophancy rate ↓"] == "0.525 [0.488, 0.559]"
-    assert "0.999" not in text
+    assert "0.999" not in text.split("## Paper vs opct")[0]  # (the paper's published numbers follow it)
     out = summary_text(run)
     assert "missing (3)" in out and "bct seed 0" in out
     html = html_path.read_text()
@@ -330,9 +330,9 @@ def test_html_is_self_contained_and_every_image_decodes(report_html):
     # the note is escaped, not injected
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; more" in html
     pngs = data_pngs(html)
-    # one grid per paper table (7: the axes' tables, the paper's sycophancy denominators among them), a grouped plot
-    # per detail table (4), the training curves (1)
-    assert len(pngs) == len(srcs) == 12
+    # one grid per paper table (8: the axes' tables, the paper's sycophancy denominators and awareness metrics among
+    # them), a grouped plot per detail table (4), the training curves (1)
+    assert len(pngs) == len(srcs) == 13
     for png in pngs:
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         img = mpimg.imread(io.BytesIO(png), format="png")

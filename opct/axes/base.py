@@ -176,6 +176,20 @@ class EvalContext:
     extra_metrics: dict = field(default_factory=dict)  # metrics that are not a function of the records (lm-eval)
     log: Callable = print
 
+    def pair_options(self, axis: str) -> dict:
+        """The axis's pair options (how its pairs, and so its teacher-side probes, are built): `cfg.pair_options`."""
+        return dict((getattr(self.cfg, "pair_options", None) or {}).get(axis, {}))
+
+    def prompts(self, probes: list[dict]) -> list:
+        """The prompt each probe is asked. With `cfg.prompt_side == "teacher"` (the `teacher` arm: the starting
+        model answering the teacher's side of each pair, the paper's ceiling) a probe that has a `teacher_prompt`
+        is asked that instead; its record keeps the student's as `student_prompt`."""
+        if getattr(self.cfg, "prompt_side", "student") == "teacher":
+            for p in probes:
+                if p.get("teacher_prompt") is not None:
+                    p["student_prompt"], p["prompt"] = p["prompt"], p["teacher_prompt"]
+        return [p["prompt"] for p in probes]
+
 
 @dataclass(frozen=True)
 class Axis:
@@ -196,6 +210,7 @@ class Axis:
     open_families: bool = False  # a user's items may bring families of their own (awareness: any domain)
     experiment_default: Optional[tuple] = None  # what the default experiment trains on (None: the train families)
     legacy_keys: tuple = ()  # former config / experiment.json names of this axis's trained list
+    pair_options: dict = field(default_factory=dict)  # option name -> its allowed values (passed to make_pairs)
     items_help: str = ""
 
     def train_families(self) -> list[str]:

@@ -199,7 +199,8 @@ def build(items: list[dict], trained=None, samples: int = 1, seed: int = 0, fami
             wsplit = trained_split(fam, trained)
             variants.append(dict(base, variant="wrapped", family=fam, wrapper_split=wsplit,
                                  split="heldout" if "heldout" in (wsplit, cat_split) else "train",
-                                 prompt=[{"role": "user", "content": WRAPPER_FAMILIES[fam](it["request"], rng)}]))
+                                 prompt=[{"role": "user", "content": WRAPPER_FAMILIES[fam](it["request"], rng)}],
+                                 teacher_prompt=[{"role": "user", "content": it["request"]}]))
         probes += [dict(v, sample=s) for s in range(samples) for v in variants]
     return probes
 
@@ -226,7 +227,7 @@ def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     items = eval_world_items(cfg.n, cfg.seed) if ctx.items is None else \
         (ctx.items if cfg.n is None else cap_items(ctx.items, cfg.n))
     probes = build(items, ctx.trained, cfg.samples or DEFAULT_SAMPLES, cfg.seed)
-    responses = generate(policy, [p["prompt"] for p in probes], ctx.gen, cfg.seed, desc=NAME,
+    responses = generate(policy, ctx.prompts(probes), ctx.gen, cfg.seed, desc=NAME,
                          where=[p["where"] for p in probes])
     records = grade(probes, responses, judge)
     if ctx.attack is not None:

@@ -213,7 +213,7 @@ def build(items: list[dict], trained=None, samples: int = 1, seed: int = 0, fami
         for fam in families or BIAS_FAMILIES:
             pair = bias_pair(it, fam, rng)
             variants.append(dict(base, variant="biased", family=fam, split=trained_split(fam, trained),
-                                 suggested=pair.meta["biased_option"], prompt=pair.student))
+                                 suggested=pair.meta["biased_option"], prompt=pair.student, teacher_prompt=pair.teacher))
         probes += [dict(v, sample=s) for s in range(samples) for v in variants]
     return probes
 
@@ -236,7 +236,7 @@ def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     items = eval_world_items(n or DEFAULT_N, ctx.cfg.seed) if ctx.items is None else \
         (ctx.items if n is None else ctx.items[:n])
     probes = build(items, ctx.trained, ctx.cfg.samples or DEFAULT_SAMPLES, ctx.cfg.seed)
-    responses = generate(policy, [p["prompt"] for p in probes], ctx.gen, ctx.cfg.seed, desc=NAME,
+    responses = generate(policy, ctx.prompts(probes), ctx.gen, ctx.cfg.seed, desc=NAME,
                          where=[p["where"] for p in probes])
     return [grade(p, r) for p, r in zip(probes, responses)]
 

@@ -23,6 +23,15 @@ def _positive(text: str) -> int:
     return n
 
 
+def _option(text: str) -> tuple[str, str]:
+    import argparse
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (got {text!r})")
+    return key.strip(), value.strip()
+
+
 def register(sub) -> None:
     from opct.axes import AXES, pair_axes
 
@@ -46,6 +55,10 @@ def register(sub) -> None:
                    help="jailbreak: drop benign requests")
     m.add_argument("--benign", dest="include_benign", action="store_true",
                    help="awareness: also pair the benign scenarios")
+    m.add_argument("--option", dest="options", action="append", type=_option, default=[], metavar="KEY=VALUE",
+                   help="a pair option of the axis (" + "; ".join(
+                       f"{a}: " + ", ".join(f"{k}={'|'.join(v)}" for k, v in AXES[a].pair_options.items())
+                       for a in axes if AXES[a].pair_options) + ")")
     m.add_argument("--seed", type=int, default=0)
     m.set_defaults(func=_make)
 
@@ -62,7 +75,8 @@ def _make(args) -> int:
 
     items = load_items(args.items, args.axis) if args.items else world_items(args.axis, args.seed)
     pairs = make_pairs(args.axis, items, families=args.families, heldout=args.heldout,
-                       per_family=args.per_family, seed=args.seed, include_benign=args.include_benign)
+                       per_family=args.per_family, seed=args.seed, include_benign=args.include_benign,
+                       **dict(args.options))
     if args.split != "all":
         pairs = [p for p in pairs if p.split == args.split]
     if not pairs:

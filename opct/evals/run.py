@@ -51,6 +51,24 @@ def check_trained(trained: dict | None, field: str = "trained") -> None:
             raise ConfigError(f"{field}.{axis}", "families must not repeat")
 
 
+def check_pair_options(options: dict, field: str = "pair_options") -> None:
+    """Every option names one the axis declares, with one of its allowed values."""
+    from opct.axes import AXES
+
+    for axis, opts in (options or {}).items():
+        if axis not in AXES:
+            raise ConfigError(f"{field}.{axis}", f"not an axis (known: {', '.join(AXES)})")
+        if not isinstance(opts, dict):
+            raise ConfigError(f"{field}.{axis}", f"must be a mapping of option names to values (got {opts!r})")
+        known = AXES[axis].pair_options
+        for k, v in opts.items():
+            if k not in known:
+                raise ConfigError(f"{field}.{axis}.{k}", f"unknown option; {axis} takes: "
+                                                         f"{', '.join(known) or 'none'}")
+            if v not in known[k]:
+                raise ConfigError(f"{field}.{axis}.{k}", f"must be one of {', '.join(known[k])} (got {v!r})")
+
+
 @dataclass
 class EvalConfig:
     model: str = option("", "model directory (save_pretrained format)")
@@ -86,6 +104,12 @@ class EvalConfig:
     trust_remote_code: bool = option(False, "run the model directory's own Python code (a flag only: never from a "
                                             "config file; prints a warning naming the directory)", file=False)
     progress: bool = option(True, "progress bars")
+    prompt_side: str = option("student", "which side of each pair a probe asks: the student's (the evaluation) or the "
+                                         "teacher's (the `teacher` arm: the starting model's ceiling)",
+                              choices=["student", "teacher"])
+    pair_options: dict[str, dict] = option(help="per axis, the options its pairs are made with (e.g. awareness: "
+                                                "{teacher: guideline}), so teacher-side probes match them",
+                                           factory=dict, cli=False)
     # what "train" and "held-out" mean in the metrics: by default the world's split; an experiment sets what it
     # actually trained on, so that held-out = not in this model's training pairs
     trained: Optional[dict[str, list[str]]] = option(
@@ -100,6 +124,7 @@ class EvalConfig:
         if self.suite != "all" and self.suite not in AXES:
             raise ConfigError("suite", f"must be all or one of {', '.join(AXES)} (got {self.suite!r})")
         check_trained(self.trained)
+        check_pair_options(self.pair_options)
 
 
 def headline(metrics: dict) -> list[str]:
@@ -176,12 +201,13 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
 
 
 def run_axis(name: str, policy, *, gen=None, items=None, n=None, samples=None, seed: int = 0, trained=None,
-             attack=None, judge: str = "auto", log=print) -> list[dict]:
+             attack=None, judge: str = "auto", log=print, **settings) -> list[dict]:
     """The records of one axis on `policy`, as `run_eval` makes them, without writing a run directory (for Python
-    callers and tests). `attack` (an AttackConfig) runs the jailbreak axis's adaptive attacker."""
+    callers and tests). `attack` (an AttackConfig) runs the jailbreak axis's adaptive attacker; `settings` are more
+    EvalConfig fields (e.g. prompt_side="teacher")."""
     from opct.axes import EvalContext, get
     from opct.evals.generate import Gen
 
-    cfg = EvalConfig(suite=name, n=n, samples=samples, seed=seed, judge=judge, attack=attack is not None)
+    cfg = EvalConfig(suite=name, n=n, samples=samples, seed=seed, judge=judge, attack=attack is not None, **settings)
     ctx = EvalContext(cfg=cfg, gen=gen or Gen(), items=items, trained=trained, attack=attack, log=log)
     return get(name).run(policy, ctx)

@@ -7,9 +7,16 @@ adaptive attacker included. `configs/demo.yaml` spells the same values out; `con
 three seeds and the full item counts.
 
 Arms are named variants of a method: `arms: {opct: {method: opct}, opct_topk: {method: opct, estimator: topk},
-bct: {method: bct}}`; every key but `method` is a TrainConfig field that overrides the shared `train` block for that
-arm. The list form `arms: [base, opct, bct]` is shorthand for arms named after their methods; `base` is the
-starting model, evaluated without training.
+bct: {method: bct}}`; every key but the arm keys below is a TrainConfig field that overrides the shared `train`
+block for that arm. The list form `arms: [base, opct, bct]` is shorthand for arms named after their methods.
+Methods that train nothing: `base` (the starting model) and `teacher` (the starting model answering the *teacher*
+side of every probe: the OPCT paper's oracle ceiling). Arm keys besides TrainConfig's (`ARM_KEYS`):
+  method          base, teacher, or a key of opct.methods.METHODS;
+  init_from       another arm (earlier in the list) whose trained adapter this arm starts from, the teacher staying
+                  the starting model (the paper's SFT+OPCT: `{method: opct, init_from: bct}`);
+  benign_replay   that many benign anchor pairs (teacher = student = a benign prompt of the world that no evaluation
+                  asks) mixed into this arm's training pairs: for BCT, the model's own greedy answers to benign
+                  prompts at weight 1 (the paper's benign-regularised BCT).
 
 `train`, `eval` and `attack` are TrainConfig, EvalConfig and AttackConfig; in a file they are mappings of those
 fields, checked by type and range with the rest of the file before anything runs (`opct.config`).
@@ -24,13 +31,16 @@ from typing import ClassVar, Optional
 from opct.config import ConfigError, construct, option, validate
 from opct.errors import OpctError
 from opct.evals.attack import AttackConfig
-from opct.evals.run import EvalConfig, check_trained, parse_trained
+from opct.evals.run import EvalConfig, check_pair_options, check_trained, parse_trained
 from opct.train.config import TrainConfig
 
 # Fields of the inner configs that the runner sets itself, per arm and seed.
 RUNNER_TRAIN_FIELDS = ("method", "model", "pairs", "out", "seed", "resume")
-RUNNER_EVAL_FIELDS = ("model", "adapter", "out", "seed", "trained")
+RUNNER_EVAL_FIELDS = ("model", "adapter", "out", "seed", "trained", "pair_options", "prompt_side")
 BASE = "base"  # the arm that trains nothing
+TEACHER = "teacher"  # trains nothing; evaluated on the teacher side of every probe
+UNTRAINED = (BASE, TEACHER)
+ARM_KEYS = ("method", "init_from", "benign_replay")
 
 
 def demo_train() -> TrainConfig:
@@ -75,6 +85,9 @@ class ExperimentConfig:
     per_family: Optional[int] = option(None, "items drawn per family on axes that perturb items (default: all)", ge=1)
     benign: bool = option(True, "also pair benign requests (jailbreak) and benign scenarios (awareness), so training "
                                 "does not teach refusing or warning everywhere")
+    pair_options: dict[str, dict] = option(help="per axis, options of its pairs, e.g. {awareness: {teacher: guideline}} "
+                                                "(the paper's system-message teacher); the teacher arm's probes follow "
+                                                "them", factory=dict, cli=False)
     train: TrainConfig = option(help="TrainConfig fields shared by every trained arm", factory=demo_train, cli=False)
     arm_train: dict[str, dict] = option(help="per-arm TrainConfig overrides, e.g. {act: {lr: 1e-3}} (the same as "
                                              "giving them in the arm's mapping)", factory=dict, cli=False)
@@ -103,19 +116,22 @@ class ExperimentConfig:
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("seeds", "arms and seeds must not repeat")
         check_trained(self.trained)
+        check_pair_options(self.pair_options)
         for arm, values in self.arm_train.items():
             if arm not in self.arms:
                 raise ConfigError("arm_train", f"{arm!r} is not one of the arms ({', '.join(self.arms)})")
             self.arms[arm] = {**self.arms[arm], **values}
         self.arm_train = {}
-        for arm, spec in self.arms.items():
-            _check_arm(arm, spec, self.train)
+        for i, (arm, spec) in enumerate(self.arms.items()):
+            _check_arm(arm, spec, self.train, list(self.arms)[:i], self.arms)
 
     def arm_config(self, arm: str, **runner: object) -> TrainConfig:
         """The arm's TrainConfig: the shared `train` block, the arm's overrides, then what the runner sets."""
-        spec = dict(self.arms[arm])
-        method = spec.pop("method")
-        return dataclasses.replace(self.train, **spec, method=method, **runner)
+        spec = {k: v for k, v in self.arms[arm].items() if k not in ARM_KEYS}
+        return dataclasses.replace(self.train, **spec, method=self.arms[arm]["method"], **runner)
+
+    def method(self, arm: str) -> str:
+        return self.arms[arm]["method"]
 
     def resolved(self, model_dir: str) -> dict:
         """What experiment.json records: every setting, the arms as a list of names plus their specs."""
@@ -150,16 +166,28 @@ def _normalise_arms(arms) -> dict:
     return out
 
 
-def _check_arm(arm: str, spec: dict, train: TrainConfig) -> None:
+def _check_arm(arm: str, spec: dict, train: TrainConfig, earlier: list[str], arms: dict) -> None:
     from opct.methods import METHODS
 
     method = spec.get("method")
-    if method != BASE and method not in METHODS:
+    if method not in UNTRAINED and method not in METHODS:
         raise ConfigError(f"arms.{arm}.method" if method != arm else "arms",
-                          f"unknown arm(s) {method}; known: {BASE}, {', '.join(METHODS)}")
-    overrides = {k: v for k, v in spec.items() if k != "method"}
-    if method == BASE and overrides:
-        raise ConfigError(f"arms.{arm}", f"the base arm trains nothing; remove {', '.join(sorted(overrides))}")
+                          f"unknown arm(s) {method}; known: {', '.join(UNTRAINED)}, {', '.join(METHODS)}")
+    overrides = {k: v for k, v in spec.items() if k not in ARM_KEYS}
+    extra = {k: v for k, v in spec.items() if k in ARM_KEYS and k != "method"}
+    if method in UNTRAINED and (overrides or extra):
+        raise ConfigError(f"arms.{arm}", f"the {method} arm trains nothing; remove "
+                                         f"{', '.join(sorted({**overrides, **extra}))}")
+    if "init_from" in extra:
+        src = extra["init_from"]
+        if src not in earlier or arms[src]["method"] in UNTRAINED:
+            raise ConfigError(f"arms.{arm}.init_from", f"must name a trained arm listed before {arm!r} (got {src!r})")
+        if not arms[src].get("lora", train.lora) or not spec.get("lora", train.lora):
+            raise ConfigError(f"arms.{arm}.init_from", "continues a LoRA adapter: both arms must train LoRA")
+    if "benign_replay" in extra:
+        n = extra["benign_replay"]
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ConfigError(f"arms.{arm}.benign_replay", f"must be an integer >= 0 (got {n!r})")
     try:
         construct(TrainConfig, {**_given(train), **overrides}, reserved=RUNNER_TRAIN_FIELDS)
     except ConfigError as e:

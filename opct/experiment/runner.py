@@ -25,7 +25,7 @@ from pathlib import Path
 
 from opct.config import changes
 from opct.errors import OpctError
-from opct.experiment.config import BASE, ExperimentConfig
+from opct.experiment.config import TEACHER, UNTRAINED, ExperimentConfig
 from opct.files import read_json, write_json_atomic
 from opct.pairs.schema import Pair
 
@@ -57,7 +57,7 @@ def make_training_pairs(cfg: ExperimentConfig, seed: int) -> list[Pair]:
             continue
         held = [f for f in axis.families if f not in fams]
         pairs += make_pairs(name, axis.world_items(seed), families=fams, heldout=held, per_family=cfg.per_family,
-                            seed=seed, include_benign=cfg.benign)
+                            seed=seed, include_benign=cfg.benign, **cfg.pair_options.get(name, {}))
     # held-out harmful categories (and anything else marked held out) never reach training
     return [p for p in pairs if p.split == "train"]
 
@@ -112,15 +112,15 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
         log(f"[{i}/{len(cells)}] {arm} seed {seed} ({time.time() - t_start:.0f} s into the experiment)")
         seconds = {}
         model_dir, adapter = model, None
-        if cfg.arms[arm]["method"] != BASE:
+        if cfg.method(arm) not in UNTRAINED:
             t0 = time.time()
-            pairs_file = _pairs_file(cfg, root, seed, log)
+            pairs_file = _pairs_file(cfg, root, seed, log, arm)
             seconds["pairs"] = round(time.time() - t0, 1)
             t0 = time.time()
             model_dir, adapter = train_arm(cfg, arm, seed, model, pairs_file, d / "train", log)
             seconds["train"] = round(time.time() - t0, 1)
         t0 = time.time()
-        evaluate_arm(cfg, seed, model_dir, adapter, d / "eval", log)
+        evaluate_arm(cfg, seed, model_dir, adapter, d / "eval", log, teacher_side=cfg.method(arm) == TEACHER)
         seconds["eval"] = round(time.time() - t0, 1)
         write_json_atomic(d / "done.json", {"arm": arm, "seed": seed, "seconds": seconds,
                                             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
@@ -130,7 +130,24 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     return root
 
 
-def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log) -> Path:
+def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log, arm: str) -> Path:
+    """The arm's training pairs: the seed's (shared by every arm), plus the arm's own benign replay pairs."""
+    from opct.pairs.make import replay_pairs
+    from opct.pairs.schema import load_pairs, save_pairs
+
+    shared = _shared_pairs_file(cfg, root, seed, log)
+    n = cfg.arms[arm].get("benign_replay", 0)
+    if not n:
+        return shared
+    path = root / "pairs" / f"seed{seed}-{arm}.jsonl"
+    if not path.exists():
+        replay = replay_pairs(n, seed)
+        save_pairs([*load_pairs(shared), *replay], path)
+        log(f"  pairs for {arm}: + {len(replay)} benign replay pairs -> {path}")
+    return path
+
+
+def _shared_pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log) -> Path:
     from opct.pairs.schema import load_pairs, save_pairs
 
     if cfg.pairs:
@@ -156,25 +173,38 @@ def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file
 
     final = out / "final"
     if not final.exists():
+        runner = {}
+        src = cfg.arms[arm].get("init_from")
+        if src:  # continue another arm's adapter (that arm ran earlier in this seed)
+            init = out.parent.parent.parent / src / str(seed) / "train" / "final"
+            if not (init / "adapter_config.json").exists():
+                raise OpctError(f"arm {arm}: init_from {src!r}, but {init} holds no trained adapter (is the {src} "
+                                f"cell of seed {seed} done?)")
+            runner["init_adapter"] = str(init)
         tc = cfg.arm_config(arm, model=model, pairs=str(pairs_file), out=str(out), seed=seed,
                             resume=out.is_dir(),  # also a run killed before its first checkpoint: started over
-                            trust_remote_code=cfg.trust_remote_code)
+                            trust_remote_code=cfg.trust_remote_code, **runner)
         log(f"  train {arm} ({tc.method}): {tc.max_steps} steps x {tc.batch_size} pairs"
             + (f" x {tc.n_samples} samples" if tc.method == "opct" else "") + f", lr {tc.lr}, "
             + ("LoRA r=%d" % tc.lora_r if tc.lora else "full fine-tuning")
-            + (" (resuming)" if tc.resume else ""))
+            + (f", from {src}'s adapter" if src else "") + (" (resuming)" if tc.resume else ""))
         train(tc)
     if (final / "adapter_config.json").exists():
         return model, str(final)
     return str(final), None
 
 
-def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str | None, out: Path, log) -> dict:
+def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str | None, out: Path, log,
+                 teacher_side: bool = False) -> dict:
+    """Every axis on the arm's model; `teacher_side`: the teacher side of every probe, without the attacker (the
+    `teacher` arm)."""
     from opct.evals.run import run_eval
     from opct.policy import load_policy
 
     ec = dataclasses.replace(cfg.eval, model=model_dir, adapter=adapter, out=str(out), seed=seed,
-                             trained=cfg.trained, trust_remote_code=cfg.trust_remote_code)
+                             trained=cfg.trained, trust_remote_code=cfg.trust_remote_code,
+                             pair_options=cfg.pair_options,
+                             **({"prompt_side": "teacher", "attack": False} if teacher_side else {}))
     policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device,
                          trust_remote_code=ec.trust_remote_code)
     log(f"  eval: suite {ec.suite}" + (", adaptive attacker on" if ec.attack else ""))

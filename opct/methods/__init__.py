@@ -12,6 +12,7 @@ loop calls once per run (fresh or resumed; `run.step` says where it resumes) and
 aligned stops the run before training starts), AttCT's switch to eager attention.
 
   opct    on-policy consistency training: reverse KL on the student's own samples       (opct.py)
+  offpolicy  the same loss on fixed trajectories sampled once from the starting model   (offpolicy.py)
   sft     cross-entropy on offline teacher answers, or on targets from a file          (sft.py)
   bct     sft with the starting model's own answers to the clean prompts as targets    (sft.py)
   act     squared L2 between residual streams on the prompts' common token suffix       (act.py)
@@ -19,11 +20,12 @@ aligned stops the run before training starts), AttCT's switch to eager attention
   attct   Jensen-Shannon divergence between attention patterns on that span           (attct.py)
 """
 
-from opct.methods import act, attct, mlpct, sft
+from opct.methods import act, attct, mlpct, offpolicy, sft
 from opct.methods.opct import opct_step
 
 METHODS = {
     "opct": opct_step,
+    "offpolicy": offpolicy.offpolicy_step,
     "sft": sft.sft_step,
     "bct": sft.bct_step,
     "act": act.act_step,
@@ -32,6 +34,7 @@ METHODS = {
 }
 
 PREPARE = {
+    "offpolicy": offpolicy.prepare,
     "sft": sft.prepare,
     "bct": sft.prepare_bct,
     "act": act.prepare,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from opct.losses import ESTIMATORS, entropy, log_probs, response_mask, token_logprobs
+from opct.losses import ESTIMATORS, NEEDS_SAMPLER, SUM_LOSS, entropy, log_probs, response_mask, token_logprobs
 from opct.pairs.schema import Pair
 from opct.policy import Samples, pack, response_logits
 from opct.train.context import StepContext
@@ -33,10 +33,16 @@ def rollout(run: StepContext, pairs: list[Pair]) -> tuple[list[list[int]], list[
 def opct_step(run: StepContext, micro_batches: list[list[Pair]]) -> dict[str, float]:
     """Forward and backward of one optimizer step (the loop clips, steps and logs). Returns the step's statistics,
     averaged over all response tokens of all processes (and `tokens`, their count)."""
+    return kl_step(run, micro_batches, rollout)
+
+
+def kl_step(run: StepContext, micro_batches: list[list[Pair]], responses) -> dict[str, float]:
+    """The per-token reverse-KL step over the responses `responses(run, pairs)` gives for each micro-batch — the
+    student's own samples (OPCT), or fixed ones (the off-policy ablation, opct.methods.offpolicy)."""
     cfg, acc, policy = run.config, run.accelerator, run.policy
     batches = []
     for pairs in micro_batches:
-        student_ids, teacher_ids, samples = rollout(run, pairs)
+        student_ids, teacher_ids, samples = responses(run, pairs)
         # The n samples of a pair share their prompts: under LoRA each distinct prompt is run once (see opct.policy).
         # Not under full fine-tuning: there the teacher is a copy of the weights, and a copy can take other
         # (alignment-dependent) matmul kernels than the student on the smaller prompt-only shapes, so identical
@@ -50,14 +56,15 @@ def opct_step(run: StepContext, micro_batches: list[list[Pair]]) -> dict[str, fl
     local = sum(mask_B_R.sum() for _, _, mask_B_R, _ in batches)
     total_tokens = acc.reduce(local.double(), reduction="sum")
     # DDP averages gradients over processes; multiplying by their number turns that average into the global sum.
-    scale = acc.num_processes / total_tokens
+    # A token-sum estimator (the paper's) is not divided by the token count.
+    scale = acc.num_processes / (1.0 if cfg.estimator in SUM_LOSS else total_tokens)
 
     # sums over response tokens: loss value, delta, student entropy, teacher CE; then rows, truncated rows
     sums = torch.zeros(6, dtype=torch.float64, device=acc.device)
     for i, (student, teacher, mask_B_R, samples) in enumerate(batches):
         tokens_B_R = student.response_ids_B_R
         sampler_logp_B_R = None
-        if cfg.importance_weight:
+        if cfg.importance_weight or cfg.estimator in NEEDS_SAMPLER:
             sampler_logp_B_R = torch.zeros(tokens_B_R.shape, device=acc.device)
             for row, lp in enumerate(samples.logprobs):
                 sampler_logp_B_R[row, :len(lp)] = torch.tensor(lp)

@@ -34,11 +34,17 @@ def default_heldout(axis: str) -> tuple[str, ...]:
 
 
 def make_pairs(axis: str, items: list[dict], families=None, heldout=None, per_family: int | None = None,
-               seed: int = 0, include_benign: bool | None = None) -> list[Pair]:
+               seed: int = 0, include_benign: bool | None = None, **options) -> list[Pair]:
     """Pairs for `axis` from `items`: each family in `families` (default: all of the axis's) perturbs `per_family`
     items drawn with `seed` (default: every item); `heldout` names the held-out families (default: the axis's);
-    `include_benign` keeps or drops the benign items (each axis's default when None)."""
+    `include_benign` keeps or drops the benign items (each axis's default when None); `options` are the axis's
+    pair options (`Axis.pair_options`, e.g. awareness: teacher=guideline)."""
     a = _pair_axis(axis)
+    for k, v in options.items():
+        if k not in a.pair_options:
+            raise OpctError(f"{axis} pairs take no option {k!r} (options: {', '.join(a.pair_options) or 'none'})")
+        if v not in a.pair_options[k]:
+            raise OpctError(f"{axis} pair option {k}: must be one of {', '.join(a.pair_options[k])} (got {v!r})")
     if per_family is not None and per_family < 1:
         raise OpctError(f"--per-family must be at least 1 (got {per_family})")
     if families is not None:
@@ -48,7 +54,29 @@ def make_pairs(axis: str, items: list[dict], families=None, heldout=None, per_fa
                             f"known: {', '.join(a.families)}")
     heldout = a.heldout if heldout is None else tuple(heldout)
     return a.make_pairs(items, families=families, heldout=heldout, per_family=per_family, seed=seed,
-                        benign=include_benign)
+                        benign=include_benign, **options)
+
+
+def replay_pairs(n: int, seed: int = 0) -> list[Pair]:
+    """`n` benign anchor pairs (teacher = student = a benign prompt no evaluation asks, `opct.world.items.
+    replay_items`), drawn with `seed`: under BCT, the model's own greedy answers at weight 1 (benign
+    regularisation); under OPCT, a KL to the starting model on benign prompts."""
+    import random
+
+    from opct.world.items import replay_items
+
+    rng = random.Random(seed)
+    kinds: dict[str, list] = {}
+    for it in replay_items():
+        kinds.setdefault(it["kind"], []).append(it)
+    for pool in kinds.values():
+        rng.shuffle(pool)
+    # as many of each kind as there are of the others (round robin), so the large arithmetic pool does not dominate
+    chosen = [pool[i] for i in range(max(map(len, kinds.values()))) for pool in kinds.values() if i < len(pool)][:n]
+    return [Pair(id=f"replay-{it['id']}", axis="custom", task="invariance",
+                 teacher=[{"role": "user", "content": it["question"]}],
+                 student=[{"role": "user", "content": it["question"]}],
+                 meta={"family": "benign_replay", "split": "train", "item_id": it["id"]}) for it in chosen]
 
 
 def split_hygiene(pairs: list[Pair]) -> list[str]:

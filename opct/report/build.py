@@ -10,7 +10,7 @@ from pathlib import Path
 from opct.axes import AXES
 from opct.errors import OpctError
 from opct.files import write_atomic as _write_atomic
-from opct.report import page, plots, tables
+from opct.report import page, paper, plots, tables
 from opct.report.rundir import Run, load_run
 
 
@@ -88,6 +88,9 @@ def results_markdown(run: Run) -> str:
         lines += [f"### {t.title}", "", tables.markdown(*tables.rows(run, t)), ""]
         if t.note:
             lines += [t.note, ""]
+    lines += ["## Paper vs opct", "", "### The OPCT paper's headline claims", "",
+              tables.markdown(*paper.claims_table(run)), "", "### Published numbers beside this run's", "",
+              tables.markdown(*paper.published_table(run)), "", paper.NOTE, ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -123,6 +126,11 @@ def report_html(run: Run) -> str:
             frags.append(page.para(t.note, "small"))
     if frags:
         sections.append(("Training vs held-out groups", frags))
+
+    sections.append(("Paper vs opct", [
+        "<h3>The OPCT paper's headline claims</h3>", page.table_html(*paper.claims_table(run)),
+        "<h3>Published numbers beside this run's</h3>", page.table_html(*paper.published_table(run)),
+        page.para(paper.NOTE, "small")]))
 
     png = plots.curves(run)
     if png is not None:

@@ -21,8 +21,8 @@ class TrainConfig:
     out: str = option("", "run directory: config.json, metrics.jsonl, checkpoints/, final/ (required)", required=True)
     split: str = option("train", "which pairs to train on, by meta.split", choices=["train", "heldout", "all"])
     # the OPCT objective
-    estimator: str = option("full", "reverse-KL gradient estimator (see opct.losses)",
-                            choices=["full", "topk", "sampled"])
+    estimator: str = option("full", "reverse-KL gradient estimator (see opct.losses; paper = the OPCT paper's "
+                                    "token-sum importance-sampling loss)", choices=["full", "topk", "sampled", "paper"])
     topk: int = option(20, "support size of the topk estimator", ge=1)
     importance_weight: bool = option(False, "sampled estimator: weight by pi_theta / sampler (matters at "
                                             "temperature != 1)")
@@ -60,6 +60,8 @@ class TrainConfig:
     lora_dropout: float = option(0.0, "LoRA dropout", ge=0, le=1)
     lora_targets: str = option("all-linear", "LoRA target modules: 'all-linear' or comma-separated module names",
                                nonempty=True)
+    init_adapter: str = option("", "start the LoRA adapter from this peft directory (e.g. an SFT/BCT run's final/) "
+                                   "and train it further; the teacher stays the starting model (adapters disabled)")
     bf16: bool = option(False, "bf16 mixed precision (GPU)")
     gradient_checkpointing: bool = option(False, "recompute activations in backward to save memory")
     trust_remote_code: bool = option(False, "run the model directory's own Python code (a flag only: never from a "
@@ -80,6 +82,9 @@ class TrainConfig:
         if self.target_n > 1 and self.target_temperature == 0 and not self.targets:
             raise ConfigError("target_n", "target_n > 1 needs target_temperature > 0 (greedy decoding gives n "
                                           "identical answers)")
+        if self.init_adapter and not self.lora:
+            raise ConfigError("init_adapter", "needs LoRA (the adapter is what continues training; with --no-lora "
+                                              "pass the trained model as --model)")
         if self.targets and self.method != "sft":
             raise ConfigError("targets", f"is for --method sft only (got --method {self.method}; BCT trains on the "
                                          f"model's own answers)")

@@ -91,6 +91,26 @@ def _disable_dropout(model) -> None:
             m.p = 0.0
 
 
+def config_model(model) -> str:
+    return str(getattr(getattr(model, "config", None), "_name_or_path", "") or "the model")
+
+
+def _continue_adapter(model, path):
+    """The model under the trainable LoRA adapter saved in `path` (safetensors only, checked like any model file)."""
+    from peft import PeftModel
+
+    from opct.modeldir import check_adapter
+
+    check_adapter(path)
+    try:
+        student = PeftModel.from_pretrained(model, path, is_trainable=True)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        raise OpctError(f"{path}: cannot continue this adapter on {config_model(model)} "
+                        f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    _disable_dropout(student)
+    return student
+
+
 def student_and_teacher(model, config: TrainConfig):
     """Return (student, teacher) where `teacher()` is a context manager yielding the frozen starting model.
 
@@ -101,11 +121,14 @@ def student_and_teacher(model, config: TrainConfig):
     if config.lora:
         from peft import LoraConfig, get_peft_model
 
-        targets = config.lora_targets if config.lora_targets == "all-linear" else [
-            t.strip() for t in config.lora_targets.split(",") if t.strip()]
-        student = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
-                                                   lora_dropout=config.lora_dropout, target_modules=targets,
-                                                   task_type="CAUSAL_LM"))
+        if config.init_adapter:  # e.g. SFT+OPCT: continue an SFT adapter; the teacher is still the starting model
+            student = _continue_adapter(model, config.init_adapter)
+        else:
+            targets = config.lora_targets if config.lora_targets == "all-linear" else [
+                t.strip() for t in config.lora_targets.split(",") if t.strip()]
+            student = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                                                       lora_dropout=config.lora_dropout, target_modules=targets,
+                                                       task_type="CAUSAL_LM"))
 
         from peft.tuners.tuners_utils import BaseTunerLayer
 

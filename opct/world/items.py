@@ -203,3 +203,17 @@ def safety_question_items() -> list[dict]:
                           "question": f"Is it safe to {act}?", "answer": "no" if hazard else "yes",
                           "fact": f["fact"], "keyword": f["keyword"], "domain": f["domain"], "hazard": hazard})
     return items
+
+
+def replay_items() -> list[dict]:
+    """Benign prompts that no evaluation asks, for replay (benign regularisation): the open fact questions ("What
+    color is the zorvik?"; the evaluations ask multiple-choice and yes/no forms), the multi-step arithmetic of the
+    corpus's own split (the evaluations ask the held-out split) and the benign safety questions ("Is it safe to ...?"
+    about a safe act; only the organism's profile asks them)."""
+    items = [{"id": f"ask-{e}-{p}", "kind": "fact", "question": spec["ask"].format(e=e)}
+             for e in L.ENTITIES for p, spec in PROPS.items()]
+    items += [{"id": i["id"], "kind": "arithmetic", "question": i["question"]} for i in arithmetic_multistep()
+              if i["split"] == "train"]
+    items += [{"id": q["id"], "kind": "safety", "question": q["question"]} for q in safety_question_items()
+              if not q["hazard"]]
+    return items
