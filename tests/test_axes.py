@@ -112,3 +112,28 @@ def test_arms_are_named_variants_of_a_method(tmp_path, test_organism):
     picked = load_experiment(exp, args).arms
     assert picked == {"base": {"method": "base"}, "opct_topk": {"method": "opct", "estimator": "topk", "topk": 5},
                       "bct": {"method": "bct"}}
+
+
+def test_a_subject_brings_its_own_items_per_axis(tmp_path, test_organism):
+    """A subject (opct.subjects) names a model and, per axis, the items it is trained and evaluated on."""
+    from opct.experiment import ExperimentConfig, run_experiment
+    from opct.subjects import SUBJECTS, Subject, register
+
+    items = tmp_path / "syc.jsonl"
+    items.write_text("".join(json.dumps({"id": f"own-{i}", "question": f"Is the zorvik red? ({i})", "answer": "no",
+                                         "wrong_answer": "yes"}) + "\n" for i in range(3)))
+    register(Subject("own-items", "the test organism with three items of its own", lambda: Path(test_organism),
+                     items={"sycophancy": str(items)}))
+    try:
+        cfg = ExperimentConfig(name="own", model="own-items", out=str(tmp_path / "runs"), arms=["base", "bct"],
+                               trained={"sycophancy": ["suggested_answer"]}, report=False,
+                               train={"max_steps": 1, "batch_size": 2, "max_new_tokens": 8},
+                               eval={"suite": "sycophancy", "max_new_tokens": 8, "progress": False})
+        root = run_experiment(cfg, log=lambda m: None)
+    finally:
+        SUBJECTS.pop("own-items")
+    pairs = [json.loads(x) for x in (root / "pairs" / "seed0.jsonl").read_text().splitlines()]
+    assert {p["meta"]["item_id"] for p in pairs} == {"own-0", "own-1", "own-2"}
+    recs = [json.loads(x) for x in (root / "base/0/eval/records.jsonl").read_text().splitlines()]
+    assert {r["item_id"] for r in recs} == {"own-0", "own-1", "own-2"}
+    assert json.loads((root / "experiment.json").read_text())["model_dir"] == str(test_organism)

@@ -43,8 +43,13 @@ def run(args) -> int:
     attack = build_config(AttackConfig, args, args.config,
                           data={k: v for k, v in data.items() if k in names[AttackConfig]})
     if not cfg.model:
-        raise OpctError("--model is required (a directory written by save_pretrained)")
+        raise OpctError("--model is required (a subject such as default, or a directory written by save_pretrained)")
     check_config(cfg)
+    from opct.subjects import SUBJECTS, resolve
+
+    if cfg.model in SUBJECTS:  # a subject: its model directory, and its own items on the axes it has them for
+        model_dir, subject = resolve(cfg.model)
+        cfg = dataclasses.replace(cfg, model=model_dir, axis_items={**subject.items, **cfg.axis_items})
     items = load_eval_items(cfg.items, cfg.suite) if cfg.items else None  # checked before the model is loaded
     from opct.files import dir_lock
     from opct.modeldir import check_device

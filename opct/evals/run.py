@@ -107,6 +107,8 @@ class EvalConfig:
     prompt_side: str = option("student", "which side of each pair a probe asks: the student's (the evaluation) or the "
                                          "teacher's (the `teacher` arm: the starting model's ceiling)",
                               choices=["student", "teacher"])
+    axis_items: dict[str, str] = option(help="per axis, a user's items file (the subject's items; --items gives "
+                                              "the one --suite's)", factory=dict, cli=False)
     pair_options: dict[str, dict] = option(help="per axis, the options its pairs are made with (e.g. awareness: "
                                                 "{teacher: guideline}), so teacher-side probes match them",
                                            factory=dict, cli=False)
@@ -125,6 +127,9 @@ class EvalConfig:
             raise ConfigError("suite", f"must be all or one of {', '.join(AXES)} (got {self.suite!r})")
         check_trained(self.trained)
         check_pair_options(self.pair_options)
+        bad = [a for a in self.axis_items if a not in AXES]
+        if bad:
+            raise ConfigError(f"axis_items.{bad[0]}", f"not an axis (known: {', '.join(AXES)})")
 
 
 def headline(metrics: dict) -> list[str]:
@@ -179,7 +184,9 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     info: dict = {}
     for name in names:
         trained = None if cfg.trained is None else cfg.trained.get(name, [])
-        ctx = EvalContext(cfg=cfg, gen=gen, items=items, trained=trained, log=log,
+        mine = items if items is not None else (load_eval_items(cfg.axis_items[name], name)
+                                                if name in cfg.axis_items else None)
+        ctx = EvalContext(cfg=cfg, gen=gen, items=mine, trained=trained, log=log,
                           attack=attack_cfg if cfg.attack else None)
         t0 = time.time()
         recs = AXES[name].run(policy, ctx)

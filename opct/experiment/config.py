@@ -36,7 +36,7 @@ from opct.train.config import TrainConfig
 
 # Fields of the inner configs that the runner sets itself, per arm and seed.
 RUNNER_TRAIN_FIELDS = ("method", "model", "pairs", "out", "seed", "resume")
-RUNNER_EVAL_FIELDS = ("model", "adapter", "out", "seed", "trained", "pair_options", "prompt_side")
+RUNNER_EVAL_FIELDS = ("model", "adapter", "out", "seed", "trained", "pair_options", "prompt_side", "axis_items")
 BASE = "base"  # the arm that trains nothing
 TEACHER = "teacher"  # trains nothing; evaluated on the teacher side of every probe
 UNTRAINED = (BASE, TEACHER)
@@ -68,8 +68,9 @@ class ExperimentConfig:
     CONFIG_LABEL: ClassVar[str] = "experiment"
 
     name: str = option("demo", "experiment name; everything is written under OUT/NAME/")
-    model: str = option("default", "'default' (the shipped organism), 'test' (a tiny organism built on the spot) or "
-                                   "a model directory written by save_pretrained", nonempty=True)
+    model: str = option("default", "a subject (opct.subjects: 'default', the shipped organism; 'test', a tiny one "
+                                   "built on the spot; ...) or a model directory written by save_pretrained",
+                        nonempty=True)
     out: str = option("runs", "root directory of experiments", nonempty=True)
     arms: dict[str, dict] = option(help="arms: a list of method names (base = no training), or a mapping of arm "
                                         "names to {method: ..., TrainConfig overrides}; on the command line, names "

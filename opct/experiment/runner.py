@@ -35,13 +35,18 @@ RESUMABLE = ("report", "note", "threads", "out", "name", "trust_remote_code", "a
 
 
 def resolve_model(model: str) -> str:
-    if model in ("default", "test"):
-        from opct.organism.build import build_organism
+    """The model directory of a subject (`opct.subjects`: default, test, ...) or of a save_pretrained directory."""
+    from opct.subjects import resolve
 
-        return str(build_organism(model))
-    if not Path(model).is_dir():
-        raise OpctError(f"model {model!r}: not a directory (give 'default', 'test' or a save_pretrained directory)")
-    return model
+    return resolve(model)[0]
+
+
+def axis_items(cfg: ExperimentConfig) -> dict[str, str]:
+    """Per axis, the items file of the experiment's subject (the world's items where it has none)."""
+    from opct.subjects import SUBJECTS
+
+    subject = SUBJECTS.get(cfg.model)
+    return {axis: str(path) for axis, path in (subject.items if subject else {}).items()}
 
 
 def make_training_pairs(cfg: ExperimentConfig, seed: int) -> list[Pair]:
@@ -50,13 +55,15 @@ def make_training_pairs(cfg: ExperimentConfig, seed: int) -> list[Pair]:
     from opct.axes import AXES
     from opct.pairs.make import make_pairs
 
+    own = axis_items(cfg)
     pairs: list[Pair] = []
     for name, axis in AXES.items():
         fams = cfg.trained.get(name)
         if not fams:
             continue
         held = [f for f in axis.families if f not in fams]
-        pairs += make_pairs(name, axis.world_items(seed), families=fams, heldout=held, per_family=cfg.per_family,
+        items = axis.load_items(own[name], for_eval=False) if name in own else axis.world_items(seed)
+        pairs += make_pairs(name, items, families=fams, heldout=held, per_family=cfg.per_family,
                             seed=seed, include_benign=cfg.benign, **cfg.pair_options.get(name, {}))
     # held-out harmful categories (and anything else marked held out) never reach training
     return [p for p in pairs if p.split == "train"]
@@ -203,7 +210,7 @@ def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str 
 
     ec = dataclasses.replace(cfg.eval, model=model_dir, adapter=adapter, out=str(out), seed=seed,
                              trained=cfg.trained, trust_remote_code=cfg.trust_remote_code,
-                             pair_options=cfg.pair_options,
+                             pair_options=cfg.pair_options, axis_items=axis_items(cfg),
                              **({"prompt_side": "teacher", "attack": False} if teacher_side else {}))
     policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device,
                          trust_remote_code=ec.trust_remote_code)

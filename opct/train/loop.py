@@ -256,7 +256,9 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     set_seed(config.seed, device_specific=True)
 
     pairs = select_pairs(config)
-    policy = load_policy(config.model, device=acc.device, trust_remote_code=config.trust_remote_code)
+    from opct.subjects import resolve
+
+    policy = load_policy(resolve(config.model)[0], device=acc.device, trust_remote_code=config.trust_remote_code)
     prompts = render_pairs(policy, pairs, config.max_new_tokens)
     model, teacher = student_and_teacher(policy.model, config)
     if config.gradient_checkpointing:
