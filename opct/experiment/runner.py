@@ -214,5 +214,5 @@ def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str 
                              **({"prompt_side": "teacher", "attack": False} if teacher_side else {}))
     policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device,
                          trust_remote_code=ec.trust_remote_code)
-    log(f"  eval: suite {ec.suite}" + (", adaptive attacker on" if ec.attack else ""))
+    log(f"  eval: suite {ec.suite}" + (", teacher side" if teacher_side else ""))
     return run_eval(policy, ec, cfg.attack, log=lambda m: log("  " + m))

@@ -33,8 +33,7 @@ def _sample_once(run: StepContext, pair_ids: list[str]) -> dict[str, list[dict]]
     out: dict[str, list[dict]] = {}
     bar = tqdm(total=len(pair_ids), desc="offpolicy trajectories", dynamic_ncols=True,
                disable=not run.accelerator.is_main_process)
-    with run.teacher() as teacher:
-        policy = run.policy if teacher is run.policy.model else run.policy.sibling(teacher)
+    with run.teacher_policy() as policy:
         for i in range(0, len(pair_ids), cfg.batch_size):
             chunk = pair_ids[i:i + cfg.batch_size]
             prompts = [run.prompts[pid].student_ids for pid in chunk for _ in range(cfg.n_samples)]

@@ -53,9 +53,7 @@ def teacher_answers(run: StepContext, pair_ids: list[str]) -> dict[str, list[Tar
     out: dict[str, list[Target]] = {}
     bar = tqdm(total=len(pair_ids), desc=f"{cfg.method} targets", dynamic_ncols=True,
                disable=not run.accelerator.is_main_process)
-    with run.teacher() as teacher:
-        # LoRA: the student itself with adapters disabled; full fine-tuning: the frozen copy of the starting weights
-        policy = run.policy if teacher is run.policy.model else run.policy.sibling(teacher)
+    with run.teacher_policy() as policy:
         for i in range(0, len(pair_ids), cfg.batch_size):
             chunk = pair_ids[i:i + cfg.batch_size]
             prompts = [run.prompts[pid].teacher_ids for pid in chunk for _ in range(cfg.target_n)]

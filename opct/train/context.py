@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Iterator
 
 import torch
 
@@ -32,6 +32,13 @@ class StepContext:
     pairs: dict[str, Pair] = field(default_factory=dict)  # pair id -> the pair (messages, task, meta)
     step: int = 0  # optimizer steps done before this one (in `prepare`: the step the run resumes from)
     cache: dict = field(default_factory=dict)  # scratch space for methods that precompute (e.g. offline targets)
+
+    @contextmanager
+    def teacher_policy(self) -> Iterator[HFPolicy]:
+        """The frozen starting model behind the policy interface (to sample or decode from it): under LoRA the student
+        itself with its adapters disabled, under full fine-tuning the frozen copy of the starting weights."""
+        with self.teacher() as t:
+            yield self.policy if t is self.policy.model else self.policy.sibling(t)
 
     def autocast(self) -> ContextManager:
         """bf16 autocast when `config.bf16` (done here rather than by accelerate's mixed_precision, whose process-wide
