@@ -25,12 +25,34 @@ with fewer tokens, in forward and backward.
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from opct.activations import unwrap
+
+
+def output_layer(model):
+    """The model's output layer (lm_head) when it is a plain Linear that the fused KL can apply itself, else None."""
+    head = unwrap(model).get_output_embeddings() if hasattr(unwrap(model), "get_output_embeddings") else None
+    return head if type(head) is torch.nn.Linear else None
+
+
+@contextmanager
+def hidden_states_out(model):
+    """Within the block the model's output layer passes its input through, so `response_logits` gives the last
+    hidden states (B, R, d) instead of the logits (B, R, V); yields the output layer. For the fused KL
+    (`opct.fused_kl`), which applies the output layer itself, chunk by chunk."""
+    head = output_layer(model)
+    if head is None:
+        raise TypeError("the output layer is not a plain Linear")
+    head.forward = lambda x: x  # an instance attribute, shadowing the class's forward until it is deleted
+    try:
+        yield head
+    finally:
+        del head.forward
 
 
 def left_pad(prompts_ids: Sequence[list[int]], pad_id: int, width: int | None = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from opct.errors import OpctError
 from opct.losses import ESTIMATORS, NEEDS_SAMPLER, SUM_LOSS, entropy, log_probs, response_mask, token_logprobs
 from opct.pairs.schema import Pair
 from opct.policy import Samples, pack, response_logits
@@ -34,6 +35,46 @@ def opct_step(run: StepContext, micro_batches: list[list[Pair]]) -> dict[str, fl
     """Forward and backward of one optimizer step (the loop clips, steps and logs). Returns the step's statistics,
     averaged over all response tokens of all processes (and `tokens`, their count)."""
     return kl_step(run, micro_batches, rollout)
+
+
+def _vocab_loss(run: StepContext, student, teacher, mask_B_R, sampler_logp_B_R):
+    """The masked sum of the estimator's surrogate from both models' full-vocabulary log-probs; and the sums over
+    response tokens of the loss value, delta, student entropy and teacher cross-entropy (no graph)."""
+    cfg = run.config
+    tokens_B_R = student.response_ids_B_R
+    student_logp_B_R_V = log_probs(response_logits(run.model, student))
+    with run.teacher() as teacher_model:
+        teacher_logp_B_R_V = log_probs(response_logits(teacher_model, teacher))
+    surrogate_B_R, value_B_R = ESTIMATORS[cfg.estimator](
+        student_logp_B_R_V, teacher_logp_B_R_V, tokens_B_R, topk=cfg.topk, sampler_logp_B_T=sampler_logp_B_R,
+        importance_clip=cfg.importance_clip or None)
+    with torch.no_grad():
+        s_logp_B_R = token_logprobs(student_logp_B_R_V, tokens_B_R)
+        t_logp_B_R = token_logprobs(teacher_logp_B_R_V, tokens_B_R)
+        stats = [(value_B_R.detach() * mask_B_R).sum(), ((s_logp_B_R - t_logp_B_R) * mask_B_R).sum(),
+                 (entropy(student_logp_B_R_V.detach()) * mask_B_R).sum(), (-t_logp_B_R * mask_B_R).sum()]
+    return (surrogate_B_R * mask_B_R).sum(), stats
+
+
+def _fused_loss(run: StepContext, student, teacher, mask_B_R):
+    """The `full` estimator through the fused output layer + KL (`opct.fused_kl`, `kl_chunk` positions at a time):
+    the same value and gradient as `_vocab_loss`, without the full-vocabulary tensors."""
+    from opct.batching import hidden_states_out, output_layer
+    from opct.fused_kl import fused_reverse_kl
+
+    if output_layer(run.model) is None:
+        raise OpctError("--kl-chunk needs the model's output layer (lm_head) to be a plain Linear (not a LoRA "
+                        "target); drop --kl-chunk or the output layer from --lora-targets")
+    keep = mask_B_R.bool()
+    with hidden_states_out(run.model) as head:
+        h_s_N_d = response_logits(run.model, student)[keep]
+    with run.teacher() as teacher_model, hidden_states_out(teacher_model) as teacher_head:
+        h_t_N_d = response_logits(teacher_model, teacher)[keep]
+    kl_N, st = fused_reverse_kl(h_s_N_d, h_t_N_d, head, teacher_head, student.response_ids_B_R[keep],
+                                run.config.kl_chunk)
+    stats = [kl_N.detach().sum(), (st["student_logp"] - st["teacher_logp"]).sum(), st["entropy"].sum(),
+             -st["teacher_logp"].sum()]
+    return kl_N.sum(), stats
 
 
 def kl_step(run: StepContext, micro_batches: list[list[Pair]], responses) -> dict[str, float]:
@@ -62,30 +103,21 @@ def kl_step(run: StepContext, micro_batches: list[list[Pair]], responses) -> dic
     # sums over response tokens: loss value, delta, student entropy, teacher CE; then rows, truncated rows
     sums = torch.zeros(6, dtype=torch.float64, device=acc.device)
     for i, (student, teacher, mask_B_R, samples) in enumerate(batches):
-        tokens_B_R = student.response_ids_B_R
         sampler_logp_B_R = None
         if cfg.importance_weight or cfg.estimator in NEEDS_SAMPLER:
-            sampler_logp_B_R = torch.zeros(tokens_B_R.shape, device=acc.device)
+            sampler_logp_B_R = torch.zeros(student.response_ids_B_R.shape, device=acc.device)
             for row, lp in enumerate(samples.logprobs):
                 sampler_logp_B_R[row, :len(lp)] = torch.tensor(lp)
         with run.grad_sync(last_micro_batch=i == len(batches) - 1):
             with run.autocast():
-                student_logp_B_R_V = log_probs(response_logits(run.model, student))
-                with run.teacher() as teacher_model:
-                    teacher_logp_B_R_V = log_probs(response_logits(teacher_model, teacher))
-            surrogate_B_R, value_B_R = ESTIMATORS[cfg.estimator](
-                student_logp_B_R_V, teacher_logp_B_R_V, tokens_B_R, topk=cfg.topk,
-                sampler_logp_B_T=sampler_logp_B_R, importance_clip=cfg.importance_clip or None)
-            acc.backward((surrogate_B_R * mask_B_R).sum() * scale)
-        with torch.no_grad():
-            s_logp_B_R = token_logprobs(student_logp_B_R_V, tokens_B_R)
-            t_logp_B_R = token_logprobs(teacher_logp_B_R_V, tokens_B_R)
-            rows, truncated = len(samples.response_ids), sum(samples.truncated)
-            sums += torch.stack([
-                (value_B_R.detach() * mask_B_R).sum(), ((s_logp_B_R - t_logp_B_R) * mask_B_R).sum(),
-                (entropy(student_logp_B_R_V.detach()) * mask_B_R).sum(), (-t_logp_B_R * mask_B_R).sum(),
-                mask_B_R.new_tensor(rows), mask_B_R.new_tensor(truncated)]).to(sums)
-        del student_logp_B_R_V, teacher_logp_B_R_V, surrogate_B_R  # free before the next micro-batch's forward
+                if cfg.kl_chunk:
+                    loss, stats = _fused_loss(run, student, teacher, mask_B_R)
+                else:
+                    loss, stats = _vocab_loss(run, student, teacher, mask_B_R, sampler_logp_B_R)
+            acc.backward(loss * scale)
+        rows, truncated = len(samples.response_ids), sum(samples.truncated)
+        sums += torch.stack([*stats, mask_B_R.new_tensor(rows), mask_B_R.new_tensor(truncated)]).to(sums)
+        del loss  # free the graph before the next micro-batch's forward
     sums = acc.reduce(sums, reduction="sum")
     n = float(total_tokens)
     return {"loss": float(sums[0]) / n, "mean_delta": float(sums[1]) / n, "student_entropy": float(sums[2]) / n,

@@ -24,6 +24,9 @@ class TrainConfig:
     estimator: str = option("full", "reverse-KL gradient estimator (see opct.losses; paper = the OPCT paper's "
                                     "token-sum importance-sampling loss)", choices=["full", "topk", "sampled", "paper"])
     topk: int = option(20, "support size of the topk estimator", ge=1)
+    kl_chunk: int = option(0, "full estimator: response positions per chunk of the fused output layer + KL, which "
+                              "never holds the full-vocabulary log-probs (0: compute them at once; a real vocabulary "
+                              "wants e.g. 256)", ge=0)
     importance_weight: bool = option(False, "sampled estimator: weight by pi_theta / sampler (matters at "
                                             "temperature != 1)")
     importance_clip: float = option(2.0, "upper clip of the importance weight (0 = no clip)", ge=0)
@@ -82,6 +85,8 @@ class TrainConfig:
         if self.target_n > 1 and self.target_temperature == 0 and not self.targets:
             raise ConfigError("target_n", "target_n > 1 needs target_temperature > 0 (greedy decoding gives n "
                                           "identical answers)")
+        if self.kl_chunk and self.estimator != "full":
+            raise ConfigError("kl_chunk", f"is for the full estimator (got --estimator {self.estimator})")
         if self.init_adapter and not self.lora:
             raise ConfigError("init_adapter", "needs LoRA (the adapter is what continues training; with --no-lora "
                                               "pass the trained model as --model)")
