@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.opct-installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-extras install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest tests
+
+# The tests of the optional integrations, with their extras installed (CI runs this after `make test`).
+EXTRAS_TESTS := tests/test_lm_eval.py tests/test_trackers.py
+test-extras: $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[test,lmeval,tensorboard]"
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest $(EXTRAS_TESTS) -rs
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -184,6 +184,6 @@ def test_lm_eval_results_become_metrics():
     res = {"results": {"ifeval": {"alias": "ifeval", "prompt_level_strict_acc,none": 0.5,
                                   "prompt_level_strict_acc_stderr,none": 0.05}},
            "n-samples": {"ifeval": {"original": 541, "effective": 100}}}
-    m = to_metrics(res)["capability.lm_eval[task=ifeval,measure=prompt_level_strict_acc]"]
+    m = to_metrics(res)["capability.lm_eval[task=ifeval,measure=prompt_level_strict_acc,filter=none]"]
     assert m["value"] == 0.5 and m["n"] == 100
     assert m["ci_low"] == pytest.approx(0.5 - 1.96 * 0.05) and m["ci_high"] == pytest.approx(0.5 + 1.96 * 0.05)

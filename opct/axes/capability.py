@@ -145,8 +145,12 @@ def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     if cfg.lm_eval:
         from opct.evals.lm_eval_bridge import run_lm_eval
 
-        ctx.extra_metrics.update(run_lm_eval(cfg.model, cfg.adapter, limit=cfg.lm_eval_limit, device=cfg.device,
-                                             dtype=cfg.dtype, log=ctx.log))
+        errors: dict = {}
+        ctx.extra_metrics.update(run_lm_eval(cfg.model, cfg.adapter, tasks=cfg.lm_eval_tasks, limit=cfg.lm_eval_limit,
+                                             device=cfg.device, dtype=cfg.dtype, chat_template=cfg.lm_eval_chat_template,
+                                             include_path=cfg.lm_eval_include, log=ctx.log, errors=errors))
+        if errors:
+            ctx.info["lm_eval_errors"] = errors
     return records
 
 
@@ -174,7 +178,7 @@ def tables(names, trained) -> list[Table]:
     return [Table("capability", "Capability (change from base in parentheses)",
                   [ACCURACY.column("all", delta=True)]
                   + [ACCURACY.column(s.replace("_", " "), delta=True, skill=s) for s in skills]
-                  + [Column(n[len(f"{NAME}.lm_eval["):-1], n, True, delta=True) for n in lm_eval])]
+                  + [Column(n[len(f"{NAME}.lm_eval["):-1], n, None, delta=True) for n in lm_eval])]
 
 
 AXIS = Axis(

@@ -1,14 +1,23 @@
 """Optional bridge to EleutherAI's lm-evaluation-harness for capability on real checkpoints.
 
-    pip install lm-eval        # not a dependency of opct
-    opct eval --model DIR [--adapter DIR] --suite capability --lm-eval --lm-eval-limit 100 --out RUN
+    pip install 'opct[lmeval]'       # lm-eval is not a dependency of opct
+    opct eval --model DIR [--adapter DIR] --suite capability --lm-eval [--lm-eval-tasks T ...]
+              [--lm-eval-include DIR] [--lm-eval-limit N] [--no-lm-eval-chat-template] --out RUN
 
-runs `minerva_math500`, `gpqa_diamond_cot_zeroshot` and `ifeval` (MATH-500, GPQA-Diamond, IFEval, as in the OPCT
-paper) through the harness's own `hf` model backend (with the peft adapter, if any), and adds one metric per
-task and measure to metrics.json as `capability.lm_eval[task=...,measure=...]`. Those intervals are the harness's
-normal approximation (value ± 1.96 stderr), not a bootstrap by item; `n` is the number of documents evaluated.
-When `lm_eval` is not installed the bridge is skipped with a message saying so — it never fails the run.
-The synthetic world's own capability items do not need the harness.
+runs the tasks (default: `minerva_math500`, `gpqa_diamond_cot_zeroshot`, `ifeval` — MATH-500, GPQA-Diamond, IFEval,
+as in the OPCT paper; they fetch their datasets from the Hugging Face hub, and IFEval needs `langdetect`, MATH
+`lm_eval[math]`, so offline only a user's local tasks run: `--lm-eval-include DIR` adds a folder of task YAMLs,
+e.g. with `dataset_path: json`) through the harness's own `hf` model backend, loaded once, with the peft adapter if
+any. The model's chat template is applied to every request (`apply_chat_template`; `--no-lm-eval-chat-template`
+turns it off): an instruction-tuned model asked without its template answers another question.
+
+Each task and measure becomes a metric `capability.lm_eval[task=...,measure=...,filter=...]` (the filter's name
+kept, so a task with several filters does not overwrite itself); only the measures the harness scores (those in
+its `higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are
+the harness's normal approximation (value ± 1.96 stderr), clipped to [0, 1] for a rate; `n` is the number of
+documents evaluated. A task that fails is logged and listed in `errors` (run.json's `lm_eval_errors`), and the
+others still run. When `lm_eval` is not installed the bridge is skipped with a message saying so — it never fails
+the run.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 
 TASKS = ("minerva_math500", "gpqa_diamond_cot_zeroshot", "ifeval")
+PREFIX = "capability.lm_eval"
 
 
 def available() -> bool:
@@ -23,37 +33,63 @@ def available() -> bool:
 
 
 SKIP_MESSAGE = ("capability: lm-evaluation-harness bridge skipped: the `lm_eval` package is not installed "
-                "(pip install lm-eval to run " + ", ".join(TASKS) + ")")
+                "(pip install lm-eval, or opct[lmeval], to run " + ", ".join(TASKS) + ")")
 
 
-def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, batch_size: int | str = "auto",
-                device: str = "cpu", dtype: str = "float32", log=print) -> dict:
-    """Run the tasks; return opct metrics (empty, after logging `SKIP_MESSAGE`, when the harness is missing)."""
+def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, batch_size: int | str = 8,
+                device: str = "cpu", dtype: str = "float32", chat_template: bool = True, include_path=None,
+                log=print, errors: dict | None = None) -> dict:
+    """Run the tasks one by one; return opct metrics (empty, after logging `SKIP_MESSAGE`, when the harness is
+    missing). A task that raises is logged and recorded in `errors` (task -> message); the others still run."""
     if not available():
         log(SKIP_MESSAGE)
         return {}
-    import lm_eval
+    from lm_eval import evaluator
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
 
-    args = f"pretrained={model_dir},dtype={dtype}" + (f",peft={adapter}" if adapter else "")
-    results = lm_eval.simple_evaluate(model="hf", model_args=args, tasks=list(tasks), limit=limit,
-                                      batch_size=batch_size, device=device)
-    return to_metrics(results)
+    lm = HFLM(pretrained=str(model_dir), peft=str(adapter) if adapter else None, dtype=dtype, device=device,
+              batch_size=batch_size)
+    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    out: dict = {}
+    for task in tasks:
+        try:
+            results = evaluator.simple_evaluate(model=lm, tasks=[task], limit=limit, task_manager=manager,
+                                                apply_chat_template=chat_template)
+        except Exception as e:  # noqa: BLE001 - one task's failure (a missing dataset or extra) must not lose the rest
+            message = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log(f"capability: lm-eval task {task} failed: {message}")
+            if errors is not None:
+                errors[task] = message
+            continue
+        out.update(to_metrics(results))
+    return out
+
+
+def _clip(x: float, value: float) -> float:
+    return min(1.0, max(0.0, x)) if 0.0 <= value <= 1.0 else x
 
 
 def to_metrics(results: dict) -> dict:
-    """Turn the harness's results dict into opct metric dicts (value, ci from its stderr, n)."""
+    """The harness's results dict as opct metric dicts: one per scored (task, measure, filter)."""
     out = {}
     n_samples = results.get("n-samples", {})
+    scored = results.get("higher_is_better", {})
     for task, res in results.get("results", {}).items():
         n = n_samples.get(task, {}).get("effective", 0)
+        directions = scored.get(task)
         for key, value in res.items():
-            if not isinstance(value, (int, float)) or "_stderr" in key or key == "alias":
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or "_stderr" in key or key == "alias":
                 continue
-            measure = key.split(",")[0]
-            err = res.get(key.replace(measure, f"{measure}_stderr", 1))
-            err = err if isinstance(err, (int, float)) else None
-            out[f"capability.lm_eval[task={task},measure={measure}]"] = {
-                "value": float(value), "ci_low": None if err is None else float(value) - 1.96 * err,
-                "ci_high": None if err is None else float(value) + 1.96 * err, "n": int(n),
-                "higher_is_better": True, "parse_fail": 0}
+            measure, _, filt = key.partition(",")
+            if directions is not None and measure not in directions:
+                continue  # not a score (e.g. a sample length)
+            err = res.get(f"{measure}_stderr,{filt}" if filt else f"{measure}_stderr")
+            err = err if isinstance(err, (int, float)) and not isinstance(err, bool) else None
+            hib = directions.get(measure, True) if directions is not None else True
+            out[f"{PREFIX}[task={task},measure={measure},filter={filt or 'none'}]"] = {
+                "value": float(value),
+                "ci_low": None if err is None else _clip(float(value) - 1.96 * err, value),
+                "ci_high": None if err is None else _clip(float(value) + 1.96 * err, value),
+                "n": int(n), "higher_is_better": bool(hib) if hib is not None else True, "parse_fail": 0}
     return out

@@ -22,6 +22,7 @@ from typing import Optional
 from opct.config import ConfigError, option, validate
 from opct.errors import OpctError
 from opct.files import write_atomic, write_json_atomic
+from opct.trackers import PACKAGES as TRACKERS
 
 
 def parse_trained(values: list[str]) -> dict[str, list[str]]:
@@ -95,7 +96,13 @@ class EvalConfig:
     judge_key_env: str = option("OPENAI_API_KEY", "http judge: environment variable holding the API key")
     judge_timeout: float = option(45.0, "http judge: seconds one grade may take, retries included (an endpoint that "
                                         "never answers fails after this long)", gt=0)
-    lm_eval: bool = option(False, "capability: also run MATH-500 / GPQA-Diamond / IFEval via lm-evaluation-harness")
+    lm_eval: bool = option(False, "capability: also run lm-evaluation-harness tasks (opct[lmeval]; see "
+                                  "opct/evals/lm_eval_bridge.py)")
+    lm_eval_tasks: list[str] = option(["minerva_math500", "gpqa_diamond_cot_zeroshot", "ifeval"],
+                                      "lm-eval: tasks to run (the defaults fetch from the hub; offline, name your own "
+                                      "with --lm-eval-include)", nonempty=True)
+    lm_eval_include: Optional[str] = option(None, "lm-eval: a folder of your own task YAMLs")
+    lm_eval_chat_template: bool = option(True, "lm-eval: render every request with the model's chat template")
     lm_eval_limit: Optional[int] = option(None, "lm-eval: documents per task (default: all)", ge=1)
     dtype: str = option("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
     device: str = option("cpu", "torch device")
@@ -104,6 +111,8 @@ class EvalConfig:
     trust_remote_code: bool = option(False, "run the model directory's own Python code (a flag only: never from a "
                                             "config file; prints a warning naming the directory)", file=False)
     progress: bool = option(True, "progress bars")
+    log_with: list[str] = option([], "trackers to log the metrics to, through accelerate (tensorboard, wandb, ...; "
+                                     "see opct/trackers.py)", choices=list(TRACKERS))
     prompt_side: str = option("student", "which side of each pair a probe asks: the student's (the evaluation) or the "
                                          "teacher's (the `teacher` arm: the starting model's ceiling)",
                               choices=["student", "teacher"])
@@ -182,6 +191,16 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     metrics: dict = {}
     seconds: dict = {}
     info: dict = {}
+
+    def write() -> None:  # after every axis, so an axis that fails later loses nothing already measured
+        write_jsonl_atomic(out / "records.jsonl", records)
+        write_json_atomic(out / "metrics.json", metrics)
+        write_atomic(out / "metrics.txt", format_table(metrics) + "\n" if metrics else "")
+        write_json_atomic(out / "run.json", {"config": asdict(cfg), "judge": info.get("judge"), "seconds": seconds,
+                                             "attack": info.get("attack"), "done": done,
+                                             **{k: v for k, v in info.items() if k not in ("judge", "attack")}})
+
+    done: list[str] = []
     for name in names:
         trained = None if cfg.trained is None else cfg.trained.get(name, [])
         mine = items if items is not None else (load_eval_items(cfg.axis_items[name], name)
@@ -198,12 +217,14 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
         metrics.update(ctx.extra_metrics)
         log(f"{name}: {len(recs)} records in {seconds[name]} s"
             + "".join(f" (+ {k.removeprefix(name + '_')} {v} s)" for k, v in ctx.seconds.items()))
+        done.append(name)
+        write()
+    if cfg.log_with:
+        from opct.trackers import Trackers, metric_values
 
-    write_jsonl_atomic(out / "records.jsonl", records)
-    write_json_atomic(out / "metrics.json", metrics)
-    write_atomic(out / "metrics.txt", format_table(metrics) + "\n")
-    run_info = {"config": asdict(cfg), "judge": info.get("judge"), "seconds": seconds, "attack": info.get("attack")}
-    write_json_atomic(out / "run.json", run_info)
+        tracked = Trackers(cfg.log_with, out / "trackers", f"eval-{out.name}", asdict(cfg))
+        tracked.log(metric_values(metrics), step=0)
+        tracked.close()
     return metrics
 
 

@@ -32,6 +32,7 @@ from opct.config import ConfigError, construct, option, validate
 from opct.errors import OpctError
 from opct.evals.attack import AttackConfig
 from opct.evals.run import EvalConfig, check_pair_options, check_trained, parse_trained
+from opct.trackers import PACKAGES as TRACKERS
 from opct.train.config import TrainConfig
 
 # Fields of the inner configs that the runner sets itself, per arm and seed.
@@ -102,6 +103,8 @@ class ExperimentConfig:
     report: bool = option(True, "write report.html and results.md when every arm is done")
     threads: int = option(0, "torch CPU threads (0: one thread for models under 100M parameters, which is faster for "
                              "these small, overhead-bound steps; else torch's default)", ge=0)
+    log_with: list[str] = option([], "trackers (tensorboard, wandb, ...; opct/trackers.py) for every cell's training "
+                                     "and evaluation, and the experiment's finished cells", choices=list(TRACKERS))
     trust_remote_code: bool = option(False, "run the model directory's own Python code, in training and evaluation "
                                             "(a flag only: never from a file; prints a warning)", file=False)
 
@@ -129,7 +132,7 @@ class ExperimentConfig:
     def arm_config(self, arm: str, **runner: object) -> TrainConfig:
         """The arm's TrainConfig: the shared `train` block, the arm's overrides, then what the runner sets."""
         spec = {k: v for k, v in self.arms[arm].items() if k not in ARM_KEYS}
-        return dataclasses.replace(self.train, **spec, method=self.arms[arm]["method"], **runner)
+        return dataclasses.replace(self.train, **{**spec, **runner}, method=self.arms[arm]["method"])
 
     def method(self, arm: str) -> str:
         return self.arms[arm]["method"]

@@ -31,7 +31,8 @@ from opct.pairs.schema import Pair
 
 # Fields that may differ when an experiment is resumed (they do not change any cell's result); arms and seeds may
 # grow (an arm already run must keep its settings).
-RESUMABLE = ("report", "note", "threads", "out", "name", "trust_remote_code", "arms", "seeds", "arm_specs")
+RESUMABLE = ("report", "note", "threads", "out", "name", "trust_remote_code", "arms", "seeds", "arm_specs",
+             "log_with")
 
 
 def resolve_model(model: str) -> str:
@@ -109,6 +110,10 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     # one setting for the whole experiment: training and evaluation run in this process
     set_cpu_threads(count_parameters(model), cfg.eval.device, cfg.threads or None)
 
+    from opct.trackers import Trackers, metric_values
+
+    tracked = Trackers(cfg.log_with, root / "trackers", f"experiment-{cfg.name}",
+                       {k: v for k, v in resolved.items() if not isinstance(v, (dict, list))})
     cells = [(seed, arm) for seed in cfg.seeds for arm in cfg.arms]
     t_start = time.time()
     for i, (seed, arm) in enumerate(cells, 1):
@@ -127,12 +132,14 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
             model_dir, adapter = train_arm(cfg, arm, seed, model, pairs_file, d / "train", log)
             seconds["train"] = round(time.time() - t0, 1)
         t0 = time.time()
-        evaluate_arm(cfg, seed, model_dir, adapter, d / "eval", log, teacher_side=cfg.method(arm) == TEACHER)
+        metrics = evaluate_arm(cfg, seed, model_dir, adapter, d / "eval", log, teacher_side=cfg.method(arm) == TEACHER)
+        tracked.log(metric_values(metrics, prefix=f"{arm}/"), step=seed)
         seconds["eval"] = round(time.time() - t0, 1)
         write_json_atomic(d / "done.json", {"arm": arm, "seed": seed, "seconds": seconds,
                                             "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
         log(f"[{i}/{len(cells)}] {arm} seed {seed}: done in {sum(seconds.values()):.0f} s "
             f"({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())})")
+    tracked.close()
     log(f"experiment {cfg.name}: {len(cells)} cells in {root} ({time.time() - t_start:.0f} s this run)")
     return root
 
@@ -188,6 +195,8 @@ def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file
                 raise OpctError(f"arm {arm}: init_from {src!r}, but {init} holds no trained adapter (is the {src} "
                                 f"cell of seed {seed} done?)")
             runner["init_adapter"] = str(init)
+        own = cfg.arms[arm].get("log_with", cfg.train.log_with)
+        runner["log_with"] = list(dict.fromkeys([*own, *cfg.log_with]))
         tc = cfg.arm_config(arm, model=model, pairs=str(pairs_file), out=str(out), seed=seed,
                             resume=out.is_dir(),  # also a run killed before its first checkpoint: started over
                             trust_remote_code=cfg.trust_remote_code, **runner)
@@ -211,6 +220,7 @@ def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str 
     ec = dataclasses.replace(cfg.eval, model=model_dir, adapter=adapter, out=str(out), seed=seed,
                              trained=cfg.trained, trust_remote_code=cfg.trust_remote_code,
                              pair_options=cfg.pair_options, axis_items=axis_items(cfg),
+                             log_with=list(dict.fromkeys([*cfg.eval.log_with, *cfg.log_with])),
                              **({"prompt_side": "teacher", "attack": False} if teacher_side else {}))
     policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device,
                          trust_remote_code=ec.trust_remote_code)

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from opct.config import ConfigError, option, validate
+from opct.trackers import PACKAGES as TRACKERS
 
 # Fields that may change when a run is resumed; any other difference from the saved config.json is an error.
-RESUMABLE_CHANGES = ("resume", "max_steps", "save_every", "keep_checkpoints", "tensorboard")
+RESUMABLE_CHANGES = ("resume", "max_steps", "save_every", "keep_checkpoints", "tensorboard", "log_with")
 
 
 @dataclass
@@ -75,7 +76,9 @@ class TrainConfig:
     resume: bool = option(False, "continue the run in --out from its latest checkpoint")
     max_nan_steps: int = option(3, "stop after this many consecutive steps with a non-finite loss (each is skipped)",
                                 ge=1)
-    tensorboard: bool = option(True, "also write TensorBoard events to OUT/tb when tensorboard is installed")
+    log_with: list[str] = option([], "trackers to log every step to, through accelerate (tensorboard, wandb, mlflow, "
+                                     "...; see opct/trackers.py)", choices=list(TRACKERS))
+    tensorboard: bool = option(False, "the same as --log-with tensorboard (kept for older configs)")
 
     def __post_init__(self):
         validate(self)

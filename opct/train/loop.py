@@ -216,14 +216,11 @@ def _truncate_metrics(path: Path, step: int) -> None:
     files.write_atomic(path, "".join(ln + "\n" for ln in kept))
 
 
-def _tensorboard(out: Path, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:  # tensorboard is optional
-        return None
-    return SummaryWriter(str(out / "tb"))
+def _trackers(config: TrainConfig) -> list[str]:
+    """The trackers to log to (`--log-with`, and the older `--tensorboard`) whose packages are installed."""
+    from opct.trackers import usable
+
+    return usable(list(dict.fromkeys([*config.log_with, *(["tensorboard"] if config.tensorboard else [])])))
 
 
 # ------------------------------------------------------------------------------------------------ the loop
@@ -248,7 +245,8 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         raise OpctError(f"unknown method {config.method!r}; known: {', '.join(METHODS)}")
     step_fn = METHODS[config.method]
     out = Path(config.out)
-    acc = Accelerator()
+    trackers = _trackers(config)
+    acc = Accelerator(log_with=trackers or None, project_dir=str(out / "trackers"))
     if acc.is_main_process:  # one lock per run, taken by the main process (DDP ranks share the directory)
         held.enter_context(files.dir_lock(out, "training run"))
     _prepare_run_dir(out, config, acc.is_main_process)
@@ -291,7 +289,10 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
                       pairs={p.id: p for p in pairs}, step=start)
     if config.method in PREPARE:  # once per run, before the first step: offline targets, alignments, checks
         PREPARE[config.method](run)
-    writer = _tensorboard(out, config.tensorboard) if acc.is_main_process else None
+    if trackers:
+        from opct.trackers import scalars
+
+        acc.init_trackers(f"{out.name}-{config.method}", config=scalars(asdict(config)))
     bar = tqdm(total=config.max_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,
                disable=not acc.is_main_process)
     per_step = config.batch_size * config.grad_accum * acc.num_processes
@@ -323,10 +324,9 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         if acc.is_main_process:
             files.append_jsonl(out / "metrics.jsonl", {k: (None if isinstance(v, float) and not math.isfinite(v)
                                                            else v) for k, v in record.items()})
-            if writer is not None:
-                for k, v in record.items():
-                    if isinstance(v, (int, float)) and k != "step" and math.isfinite(v):
-                        writer.add_scalar(f"train/{k}", v, step)
+        if trackers:
+            acc.log({f"train/{k}": v for k, v in record.items() if k != "step" and isinstance(v, (int, float))
+                     and not isinstance(v, bool) and math.isfinite(v)}, step=step)
         bar.update(1)
         bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
         if state["consecutive_nan"] >= config.max_nan_steps:
@@ -336,8 +336,8 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         if step % config.save_every == 0 or step == config.max_steps:
             save_checkpoint(out, step, acc, model, optimizer, scheduler, state, config.keep_checkpoints)
     bar.close()
-    if writer is not None:
-        writer.close()
+    if trackers:
+        acc.end_training()
     _save_final(out, acc, model, policy)
     return out
 

@@ -1,0 +1,76 @@
+"""Experiment trackers through accelerate's tracker API (`log_with`, `init_trackers`, `log`, `end_training`).
+
+`--log-with tensorboard wandb ...` on `opct train`, `opct eval` and `opct run` (or `log_with: [...]` in a config)
+logs training metrics per optimizer step, evaluation metrics (every metric's value, under its name) and, for an
+experiment, each finished cell's headline metrics. A tracker whose package is not installed is left out with one
+line saying so (`pip install 'opct[tensorboard]'`, `pip install wandb`); nothing is installed by opct. TensorBoard
+writes under the run directory (`RUN/trackers/`); wandb follows its own settings (`WANDB_MODE=offline` for no
+network).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+
+# tracker name (accelerate's) -> the module it needs
+PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
+            "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio"}
+HINTS = {"tensorboard": "pip install 'opct[tensorboard]'"}
+
+
+def usable(log_with, where: str = "--log-with") -> list[str]:
+    """The requested trackers whose packages are installed; one line on stderr for each that is not."""
+    out = []
+    for name in log_with or ():
+        module = PACKAGES.get(name, name)
+        if importlib.util.find_spec(module) is None:
+            hint = HINTS.get(name, f"pip install {module}")
+            print(f"opct: note: {where} {name}: the {module} package is not installed ({hint}); not logging to it",
+                  file=sys.stderr)
+        else:
+            out.append(name)
+    return out
+
+
+def scalars(values: dict) -> dict:
+    """The finite numbers (and booleans as 0/1) of a flat dict; a tracker's hyper-parameters and metrics."""
+    out = {}
+    for k, v in values.items():
+        if isinstance(v, bool):
+            out[k] = int(v)
+        elif isinstance(v, (int, float)) and math.isfinite(v):
+            out[k] = v
+        elif isinstance(v, str):
+            out[k] = v
+    return out
+
+
+def metric_values(metrics: dict, prefix: str = "eval/") -> dict:
+    """opct metrics ({name: {"value", ...}}) as tracker scalars: name -> value, the unmeasured left out."""
+    return {prefix + k: m["value"] for k, m in metrics.items()
+            if isinstance(m, dict) and isinstance(m.get("value"), (int, float)) and math.isfinite(m["value"])}
+
+
+class Trackers:
+    """Trackers outside a training loop (an evaluation, an experiment): an accelerate Accelerator used for its
+    tracker API only. `None`-safe: with no usable tracker every call does nothing."""
+
+    def __init__(self, log_with, project_dir, name: str, config: dict | None = None, where: str = "--log-with"):
+        self.acc = None
+        names = usable(log_with, where)
+        if names:
+            from accelerate import Accelerator
+
+            self.acc = Accelerator(log_with=names, project_dir=str(project_dir))
+            self.acc.init_trackers(name, config=scalars(config or {}))
+
+    def log(self, values: dict, step: int | None = None) -> None:
+        if self.acc is not None and values:
+            self.acc.log(values, step=step)
+
+    def close(self) -> None:
+        if self.acc is not None:
+            self.acc.end_training()
+            self.acc = None

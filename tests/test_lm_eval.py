@@ -1,0 +1,78 @@
+"""The bridge to lm-evaluation-harness, for real when `lm_eval` is installed (`pip install 'opct[lmeval]'`; CI's
+`make test-extras` installs it): a local task (dataset_path: json) on the shipped organism, with and without its
+chat template; one failing task that does not lose the others; metric names, directions and intervals."""
+
+import json
+
+import pytest
+
+from opct.evals.lm_eval_bridge import to_metrics
+
+lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (pip install 'opct[lmeval]')")
+
+TASK = """task: opct_arith
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+output_type: generate_until
+test_split: test
+doc_to_text: "{{{{question}}}}"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["<|end|>"]
+  do_sample: false
+  max_gen_toks: 32
+filter_list:
+  - name: "answer"
+    filter:
+      - function: "regex"
+        regex_pattern: "answer is (-?[0-9]+)"
+      - function: "take_first"
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(tmp_path_factory):
+    from opct.world import items as I
+
+    d = tmp_path_factory.mktemp("lm_eval_tasks")
+    data = d / "arith.jsonl"
+    data.write_text("".join(json.dumps({"question": i["question"], "answer": i["answer"]}) + "\n"
+                            for i in I.arithmetic_single()[::20][:12]))
+    (d / "opct_arith.yaml").write_text(TASK.format(data=data))
+    return d
+
+
+def test_a_local_task_runs_on_the_organism_through_its_chat_template(tasks_dir, monkeypatch):
+    from opct.evals.lm_eval_bridge import run_lm_eval
+    from opct.organism.build import SHIPPED_DIR
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    name = "capability.lm_eval[task=opct_arith,measure=exact_match,filter=answer]"
+    errors: dict = {}
+    with_template = run_lm_eval(SHIPPED_DIR / "default", tasks=["opct_arith", "no_such_task_anywhere"],
+                                include_path=tasks_dir, log=lambda *a: None, errors=errors)
+    assert with_template[name]["n"] == 12 and with_template[name]["value"] >= 0.9
+    assert "no_such_task_anywhere" in errors and "opct_arith" not in errors  # one failure loses nothing else
+    without = run_lm_eval(SHIPPED_DIR / "default", tasks=["opct_arith"], include_path=tasks_dir,
+                          chat_template=False, log=lambda *a: None)
+    assert without[name]["value"] < with_template[name]["value"]  # asked without its template, it answers worse
+
+
+def test_metric_names_keep_the_filter_and_skip_what_is_not_a_score():
+    res = {"results": {"t": {"alias": "t", "exact_match,strict": 0.98, "exact_match_stderr,strict": 0.05,
+                             "exact_match,flexible": 0.5, "exact_match_stderr,flexible": 0.1,
+                             "sample_len,none": 212.0, "perplexity,none": 3.2}},
+           "higher_is_better": {"t": {"exact_match": True, "perplexity": False}},
+           "n-samples": {"t": {"original": 100, "effective": 40}}}
+    m = to_metrics(res)
+    strict = m["capability.lm_eval[task=t,measure=exact_match,filter=strict]"]
+    assert strict["ci_high"] == 1.0 and strict["ci_low"] == pytest.approx(0.98 - 1.96 * 0.05)  # clipped to [0, 1]
+    assert m["capability.lm_eval[task=t,measure=exact_match,filter=flexible]"]["value"] == 0.5
+    assert m["capability.lm_eval[task=t,measure=perplexity,filter=none]"]["higher_is_better"] is False
+    assert not any("sample_len" in k for k in m)

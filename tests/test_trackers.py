@@ -1,0 +1,57 @@
+"""Trackers through accelerate (`--log-with`): training metrics per step, evaluation metrics, an experiment's cells;
+a tracker whose package is missing is left out with one line saying so. The TensorBoard test runs when
+tensorboard is installed (`make test-extras` installs it)."""
+
+import importlib.util
+
+import pytest
+
+import tiny_lm
+from tiny_lm import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
+from opct.cli import main
+
+from tiny_lm import model_dir_fixture, pairs_file  # noqa: E402,F401  (module-scoped fixtures shared with other suites)
+
+
+def _scalars(folder):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = {}
+    for events in folder.rglob("events.out.tfevents.*"):
+        acc = EventAccumulator(str(events))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            tags[tag] = [e.value for e in acc.Scalars(tag)]
+    return tags
+
+
+def _train(model_dir, pairs_file, out, *extra):
+    return main(["train", "--model", str(model_dir), "--pairs", str(pairs_file), "--out", str(out), "--max-steps", "3",
+                 "--batch-size", "2", "--n-samples", "2", "--max-new-tokens", "6", "--lora-r", "4", *extra])
+
+
+def test_a_missing_tracker_is_left_out_with_one_line(tmp_path, model_dir, pairs_file, capsys, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    assert _train(model_dir, pairs_file, tmp_path / "run", "--log-with", "wandb") == 0
+    err = capsys.readouterr().err
+    assert err.count("--log-with wandb: the wandb package is not installed (pip install wandb); not logging") == 1
+    assert (tmp_path / "run" / "final").exists()
+
+
+def test_unknown_tracker_is_a_clear_error(tmp_path, model_dir, pairs_file, capsys):
+    err = tiny_lm.cli_error(capsys, ["train", "--model", str(model_dir), "--pairs", str(pairs_file), "--out",
+                                     str(tmp_path / "run"), "--log-with", "notebook"])
+    assert "--log-with[0]: must be one of tensorboard, wandb" in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed")
+def test_training_and_eval_metrics_reach_tensorboard(tmp_path, model_dir, pairs_file, test_organism):
+    assert _train(model_dir, pairs_file, tmp_path / "run", "--log-with", "tensorboard") == 0
+    tags = _scalars(tmp_path / "run" / "trackers")
+    assert len(tags["train/loss"]) == 3 and "train/grad_norm" in tags
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(test_organism), "--suite", "capability", "--n", "3", "--out", str(out),
+                 "--no-progress", "--max-new-tokens", "8", "--log-with", "tensorboard"]) == 0
+    tags = _scalars(out / "trackers")
+    assert "eval/capability.accuracy" in tags
