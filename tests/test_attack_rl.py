@@ -189,3 +189,20 @@ def test_reward_rises_while_it_trains_against_the_test_organism(test_organism, t
     assert len(curve) == 3 and out["steps"] == 15 and out["target_queries"] == 15 * 8 * 3
     assert curve[-1] > curve[0], curve
     assert after >= before + 0.05, (before, after)
+
+
+def test_shipped_attacker_was_pretrained_on_the_current_data():
+    """A change to the wrapper templates, the world or the frame generator changes the attacker's identity; the
+    shipped one is then stale (and rebuilt in every fresh $OPCT_HOME, about 90 s). Rebuild it with
+    `python -c "from opct.axes.jailbreak import WRAPPER_FAMILIES as W; from opct.evals.attacker.lm import
+    build_attacker; print(build_attacker(W, force=True))"` and copy the printed directory over opct/organisms/attacker/."""
+    import json
+    from pathlib import Path
+
+    import opct
+
+    shipped = Path(opct.__file__).parent / "organisms" / "attacker"
+    cfg = lm.SIZES["default"]
+    meta = json.loads((shipped / "attacker.json").read_text())
+    assert meta["identity"] == lm.identity(cfg, lm.pretraining_data(cfg, JB.WRAPPER_FAMILIES)), __doc__
+    assert lm.build_attacker(JB.WRAPPER_FAMILIES) == shipped
