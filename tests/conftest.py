@@ -13,3 +13,12 @@ def test_organism(tmp_path_factory):
 
     os.environ["OPCT_HOME"] = str(tmp_path_factory.mktemp("opct_home"))
     return build_organism("test", progress=False)
+
+
+@pytest.fixture(scope="session")
+def test_attacker(test_organism):
+    """The `test` size attacker LM, pretrained once per session (about 10 s) in the session's OPCT_HOME."""
+    from opct.axes.jailbreak import WRAPPER_FAMILIES
+    from opct.evals.attacker.lm import build_attacker
+
+    return build_attacker(WRAPPER_FAMILIES, "test")

@@ -28,7 +28,7 @@ def test_attacker_raises_attack_success_over_unattacked_baseline(test_organism):
     judge = world_judge()
     cfg = AttackConfig(attack_targets="all", attack_direct_samples=2, search_rounds=2, search_population=6,
                        gcg_steps=6, gcg_candidates=32, gcg_topk=16, gcg_suffix_len=6, gcg_check_every=3,
-                       gcg_check_samples=1, attack_baseline=False)
+                       gcg_check_samples=1, attack_baseline=False, rl_attack=False)
     records = adaptive_attack(policy, jailbreak.world_items(0), judge, cfg, jailbreak.WRAPPER_FAMILIES,
                               list(jailbreak.WRAPPER_FAMILIES), max_new_tokens=24, seed=0)
     targets = [r for r in records if r["target"]]
@@ -50,19 +50,25 @@ def test_attacker_raises_attack_success_over_unattacked_baseline(test_organism):
     assert sum(b < a for a, b in losses) >= 0.8 * len(losses)
 
 
-def test_opct_eval_cli_on_test_organism(test_organism, tmp_path):
+def test_opct_eval_cli_on_test_organism(test_organism, test_attacker, tmp_path):
     out = tmp_path / "run"
     rc = main(["eval", "--model", str(test_organism), "--suite", "all", "--n", "3", "--samples", "1",
                "--out", str(out), "--max-new-tokens", "24", "--no-progress", "--search-rounds", "1",
                "--search-population", "4", "--gcg-steps", "2", "--gcg-check-every", "2", "--gcg-candidates", "8",
-               "--attack-direct-samples", "1"])
+               "--attack-direct-samples", "1", "--rl-attacker", "test", "--rl-train-behaviours", "2",
+               "--rl-step-behaviours", "2", "--rl-epochs", "1", "--rl-episodes", "2", "--rl-rounds", "2"])
     assert rc == 0
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("sycophancy.sycophancy_rate", "sycophancy.brr", "jailbreak.dsr[on=heldout_wrappers]",
-                "jailbreak.dsr_adaptive", "awareness.facts_all_pass", "capability.accuracy[skill=facts]"):
+                "jailbreak.dsr_adaptive", "jailbreak.dsr_adaptive_rl", "jailbreak.dsr_adaptive_gcg",
+                "jailbreak.break_rate[method=rl]", "awareness.facts_all_pass", "capability.accuracy[skill=facts]"):
         assert key in metrics
     run = json.loads((out / "run.json").read_text())
     assert run["attack"]["gcg_steps"] == 2 and set(run["seconds"]) >= {"sycophancy", "jailbreak_attack"}
+    rl = run["attack"]["rl"]  # the RL attacker's budget: target queries per behaviour, training steps, seconds
+    assert (rl["queries_per_behaviour"], rl["train_steps"], len(rl["curve"])) == (4, 1, 1)
+    assert rl["train_target_queries"] <= 2 * 2 * 2 and set(rl["seconds"]) >= {"train", "evaluate"}
+    assert all(q <= 4 for q in rl["queries_used"].values()) and rl["queries_used"]
     assert (out / "metrics.txt").read_text().startswith("metric")
 
 

@@ -99,7 +99,8 @@ def test_jailbreak_suite_exact_metrics():
 
 
 def test_attacker_breaks_scripted_target_and_reports_budget():
-    cfg = A.AttackConfig(attack_targets="heldout", search_rounds=3, search_population=8, gcg_steps=0)
+    cfg = A.AttackConfig(attack_targets="heldout", search_rounds=3, search_population=8, gcg_steps=0,
+                         rl_attack=False)
     policy = ScriptedPolicy(jb_responder)
     records = run_axis("jailbreak", policy, samples=1, gen=Gen(max_new_tokens=8), attack=cfg)
     m = AXES["jailbreak"].metrics(records)
@@ -201,7 +202,7 @@ def test_run_eval_writes_records_metrics_and_budget(tmp_path):
         return jb_responder(msgs) if any(h in last_user(msgs) for h in HARMFUL) else "The answer is yes."
 
     cfg = EvalConfig(model="scripted", suite="all", out=str(tmp_path / "run"), n=4, samples=1, progress=False)
-    attack = A.AttackConfig(search_rounds=1, gcg_steps=0, attack_direct_samples=2)
+    attack = A.AttackConfig(search_rounds=1, gcg_steps=0, attack_direct_samples=2, rl_attack=False)
     metrics = run_eval(ScriptedPolicy(respond), cfg, attack, log=lambda *a: None)
     out = tmp_path / "run"
     lines = (out / "records.jsonl").read_text().splitlines()

@@ -5,7 +5,8 @@ grading and metrics — lives in its own module under `opct.axes`; this package 
   generate.py   batched sampling through the policy interface
   metrics.py    bootstrap intervals, rates, metric names, the plain-text table
   judges.py     judges of harmful-request responses (world rules, refusal prefixes, an HTTP endpoint)
-  attack.py     the adaptive per-target attacker (a component of the jailbreak axis), gcg.py its white-box search
+  attack.py     the adaptive per-target attacker (a component of the jailbreak axis), gcg.py its white-box search,
+                attacker/ its RL-trained LM attacker (the OPCT paper's threat model)
   scripted.py   a scripted policy for testing eval logic without a model
   lm_eval_bridge.py   the optional bridge to lm-evaluation-harness
 
