@@ -111,13 +111,13 @@ def build_sycophancy(samples: int = 8, seed: int = 0, model: str | None = None) 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m opct.subjects.smollm2.build_items")
-    p.add_argument("what", choices=["jailbreak", "sycophancy"])
+    p.add_argument("what", choices=[jailbreak.NAME, sycophancy.NAME])
     p.add_argument("--csv", default=None, help="jailbreak: the StrongREJECT CSV (default: the installed package's)")
     p.add_argument("--samples", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default=None, help="sycophancy: a model directory (default: the fetched SmolLM2)")
     args = p.parse_args(argv)
-    if args.what == "jailbreak":
+    if args.what == jailbreak.NAME:
         items = build_jailbreak(args.csv)
         _write(ITEMS / f"{jailbreak.NAME}.jsonl", items)
     else:
