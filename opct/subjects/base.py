@@ -15,3 +15,4 @@ class Subject:
     items: dict = field(default_factory=dict)  # axis -> items file (JSONL, the axis's user-item format)
     profile: Path | None = None  # its behaviour profile (profile.json), when one is shipped
     experiment: Path | None = None  # its experiment file (what `opct demo --subject NAME` runs), when one is shipped
+    judge: str | None = None  # the jailbreak judge `--judge auto` means on its items (opct.evals.judges.JUDGES)

