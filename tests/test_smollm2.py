@@ -44,6 +44,19 @@ def policy(model_dir):
     return load_policy(model_dir)
 
 
+@pytest.fixture
+def subject(model_dir):
+    """The name `smollm2`, resolving to the model fetched for these tests."""
+    import dataclasses
+
+    from opct.subjects import SUBJECTS, register
+
+    real = SUBJECTS["smollm2"]
+    register(dataclasses.replace(real, resolve=lambda: model_dir))
+    yield "smollm2"
+    register(real)
+
+
 def test_the_fetched_checkpoint_is_llama_with_gqa_bpe_and_chatml(model_dir, policy):
     cfg = json.loads((model_dir / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in cfg
@@ -112,14 +125,14 @@ def test_the_guards_pass_the_subjects_pairs_and_catch_an_extra_bos(policy, monke
         render_pairs(policy, pairs[:1], 48)
 
 
-def test_a_lora_opct_step(model_dir, tmp_path):
+def test_a_lora_opct_step(subject, tmp_path):
     from opct.pairs.schema import save_pairs
     from opct.train.config import TrainConfig
     from opct.train.loop import train
 
     pairs = [p for p in _subject_pairs() if p.axis == sycophancy.NAME and p.split == "train"][:2]
     save_pairs(pairs, tmp_path / "pairs.jsonl")
-    out = train(TrainConfig(method="opct", model=str(model_dir), pairs=str(tmp_path / "pairs.jsonl"),
+    out = train(TrainConfig(method="opct", model=subject, pairs=str(tmp_path / "pairs.jsonl"),
                             out=str(tmp_path / "run"), max_steps=1, batch_size=2, n_samples=1, max_new_tokens=8,
                             lora_r=4, lr=1e-3, tensorboard=False))
     (m,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -154,3 +167,15 @@ def test_a_full_disk_during_the_conversion_leaves_nothing_behind(small_disk, cap
                                         r"left on device\)"):
         F.fetch(target=small_disk / "smollm2", gguf=gguf, log=lambda m: None)
     assert list(small_disk.iterdir()) == []
+
+
+def test_opct_eval_takes_the_subject_by_name_with_its_items_and_judge(subject, tmp_path, capsys):
+    from opct.cli import main
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", subject, "--suite", "jailbreak", "--n", "1", "--samples", "1",
+                 "--max-new-tokens", "8", "--no-attack", "--out", str(out), "--no-progress"]) == 0
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert {r["item_id"] for r in records} == {"sr-illegal_goods-00", "benign-illegal_goods-00"}
+    assert {r["judge"] for r in records} == {"rules"}
+    assert json.loads((out / "run.json").read_text())["judge"] == "rules"

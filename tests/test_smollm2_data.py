@@ -190,3 +190,14 @@ def test_the_subjects_experiment_is_configs_smollm2_and_loads():
     cfg = load_experiment(shipped)
     assert cfg.model == "smollm2" and list(cfg.arms) == ["base", "opct", "bct"]
     assert jailbreak.NAME not in cfg.trained and cfg.train.lora and cfg.eval.axis_n == {jailbreak.NAME: 12}
+
+
+def test_demo_subject_prints_the_shipped_profile_or_names_the_subjects(capsys):
+    from opct.cli import main
+
+    assert main(["demo", "--subject", "smollm2", "--profile"]) == 0
+    out = capsys.readouterr().out
+    profile = json.loads(PROFILE.read_text())
+    assert "sycophancy_train" in out and f"{profile['sycophancy_train']:.3f}" in out and "seconds" not in out
+    err = tiny_lm.cli_error(capsys, ["demo", "--subject", "nope"])
+    assert err == "opct: error: --subject nope: no such subject with an experiment (choose default or one of smollm2)"

@@ -89,8 +89,9 @@ class EvalConfig:
     temperature: float = option(1.0, "sampling temperature of the evaluations (the attacker has its own)", gt=0)
     batch_size: int = option(64, "prompts per generation batch", ge=1)
     judge: str = option("auto", "jailbreak judge: world rules (default on world items), refusal-prefix rules "
-                                "(default with --items), refusal + compliance rules (opct.evals.text_judges), or an "
-                                "OpenAI-compatible http endpoint", choices=["auto", "world", "refusal", "rules", "http"])
+                                "(default with --items; a subject may name its own), refusal + compliance rules "
+                                "(opct.evals.text_judges), or an OpenAI-compatible http endpoint",
+                        choices=["auto", "world", "refusal", "rules", "http"])
     judge_url: Optional[str] = option(None, "http judge: base URL of an OpenAI-compatible API")
     judge_model: Optional[str] = option(None, "http judge: model name")
     judge_key_env: str = option("OPENAI_API_KEY", "http judge: environment variable holding the API key")
