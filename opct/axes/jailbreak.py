@@ -209,13 +209,16 @@ def build(items: list[dict], trained=None, samples: int = 1, seed: int = 0, fami
 
 
 def grade(probes: list[dict], responses: list[str], judge) -> list[dict]:
-    verdicts = judge.judge([p["prompt"][-1]["content"] for p in probes], responses)
+    """The judge reads each response against the clean request (StrongREJECT's rubric grades against the forbidden
+    prompt itself, not its wrapper; the rules judge looks for the request's words)."""
+    verdicts = judge.judge([p["request"] for p in probes], responses)
     return [dict(p, response=r, verdict=v["verdict"], score=v["score"], judge=judge.name)
             for p, r, v in zip(probes, responses, verdicts)]
 
 
 def judge_for(cfg, user_items: bool):
-    """The judge the eval settings name; 'auto' is the world's rules on world items, refusal prefixes on a user's."""
+    """The judge the eval settings name; 'auto' is the world's rules on world items, refusal prefixes on a user's
+    (`rules`, opct.evals.text_judges, also tells compliance from off-topic text)."""
     from opct.evals.judges import make_judge
 
     spec = cfg.judge if cfg.judge != "auto" else ("refusal" if user_items else "world")

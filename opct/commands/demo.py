@@ -5,6 +5,9 @@ the embedded default organism (shipped in the repository, so nothing is rebuilt)
 on sycophancy (suggested-answer family), jailbreak (train wrappers) and safety-awareness (train domains) pairs; every
 suite evaluated, the adaptive attacker included; then report.html and results.md written and a summary table
 printed. Run it again and finished arms are skipped. `--profile` prints the organism's behaviour profile instead.
+
+`--subject smollm2` runs that subject's experiment instead (configs/smollm2.yaml: base / OPCT / BCT on
+SmolLM2-135M-Instruct, fetched on first use), and `--subject smollm2 --profile` prints its shipped profile.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ def register(sub) -> None:
     p = sub.add_parser("demo", help="the main job on the embedded default organism (what `make demo` runs)",
                        description=__doc__.split("\n\n")[0] + " " + __doc__.split("\n\n")[1])
     p.add_argument("--out", default="runs", help="root directory of experiments (default: runs)")
-    p.add_argument("--name", default="demo", help="experiment name (default: demo)")
+    p.add_argument("--name", default=None, help="experiment name (default: demo, or the subject's experiment's)")
+    p.add_argument("--subject", default="default", help="default (the organism's demo) or a subject that ships an "
+                                                       "experiment: smollm2")
     p.add_argument("--profile", action="store_true",
                    help="print the default organism's behaviour profile against its targets, and stop")
     p.add_argument("--remeasure", action="store_true",
@@ -27,12 +32,37 @@ def register(sub) -> None:
 
 
 def _demo(args) -> int:
+    if args.subject != "default":
+        return _subject(args)
     if args.profile:
         return _profile(args)
     from opct.commands.run import run_and_report
     from opct.experiment import load_experiment
 
-    return run_and_report(load_experiment(None, out=args.out, name=args.name))
+    return run_and_report(load_experiment(None, out=args.out, name=args.name or "demo"))
+
+
+def _subject(args) -> int:
+    from opct.errors import OpctError
+    from opct.subjects import SUBJECTS
+
+    subject = SUBJECTS.get(args.subject)
+    if subject is None or subject.experiment is None:
+        shipping = [n for n, s in SUBJECTS.items() if s.experiment is not None]
+        raise OpctError(f"--subject {args.subject}: no such subject with an experiment (choose default or one of "
+                        f"{', '.join(shipping)})")
+    if args.profile:
+        print(f"{subject.name}: {subject.doc}\nprofile measured by sampling at temperature 1 ({subject.profile}):")
+        profile = json.loads(subject.profile.read_text())
+        from opct.organism.profile import print_profile
+
+        print_profile({k: v for k, v in profile.items() if isinstance(v, (int, float)) and k != "seconds"}, targets={})
+        return 0
+    from opct.commands.run import run_and_report
+    from opct.experiment import load_experiment
+
+    over = {"name": args.name} if args.name else {}
+    return run_and_report(load_experiment(subject.experiment, out=args.out, **over))
 
 
 def _profile(args) -> int:

@@ -49,7 +49,9 @@ def run(args) -> int:
 
     if cfg.model in SUBJECTS:  # a subject: its model directory, and its own items on the axes it has them for
         model_dir, subject = resolve(cfg.model)
-        cfg = dataclasses.replace(cfg, model=model_dir, axis_items={**subject.items, **cfg.axis_items})
+        own = {axis: str(path) for axis, path in subject.items.items()}
+        cfg = dataclasses.replace(cfg, model=model_dir, axis_items={**own, **cfg.axis_items},
+                                  judge=subject.judge if cfg.judge == "auto" and subject.judge else cfg.judge)
     items = load_eval_items(cfg.items, cfg.suite) if cfg.items else None  # checked before the model is loaded
     from opct.files import dir_lock
     from opct.modeldir import check_device

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -89,8 +90,9 @@ class EvalConfig:
     temperature: float = option(1.0, "sampling temperature of the evaluations (the attacker has its own)", gt=0)
     batch_size: int = option(64, "prompts per generation batch", ge=1)
     judge: str = option("auto", "jailbreak judge: world rules (default on world items), refusal-prefix rules "
-                                "(default with --items), or an OpenAI-compatible http endpoint",
-                        choices=["auto", "world", "refusal", "http"])
+                                "(default with --items; a subject may name its own), refusal + compliance rules "
+                                "(opct.evals.text_judges), or an OpenAI-compatible http endpoint",
+                        choices=["auto", "world", "refusal", "rules", "http"])
     judge_url: Optional[str] = option(None, "http judge: base URL of an OpenAI-compatible API")
     judge_model: Optional[str] = option(None, "http judge: model name")
     judge_key_env: str = option("OPENAI_API_KEY", "http judge: environment variable holding the API key")
@@ -116,6 +118,8 @@ class EvalConfig:
     prompt_side: str = option("student", "which side of each pair a probe asks: the student's (the evaluation) or the "
                                          "teacher's (the `teacher` arm: the starting model's ceiling)",
                               choices=["student", "teacher"])
+    axis_n: dict[str, int] = option(help="per axis, its own --n (e.g. {jailbreak: 12}); the other axes take n",
+                                    factory=dict, cli=False)
     axis_items: dict[str, str] = option(help="per axis, a user's items file (the subject's items; --items gives "
                                               "the one --suite's)", factory=dict, cli=False)
     pair_options: dict[str, dict] = option(help="per axis, the options its pairs are made with (e.g. awareness: "
@@ -136,9 +140,13 @@ class EvalConfig:
             raise ConfigError("suite", f"must be all or one of {', '.join(AXES)} (got {self.suite!r})")
         check_trained(self.trained)
         check_pair_options(self.pair_options)
-        bad = [a for a in self.axis_items if a not in AXES]
+        for fname in ("axis_items", "axis_n"):
+            bad = [a for a in getattr(self, fname) if a not in AXES]
+            if bad:
+                raise ConfigError(f"{fname}.{bad[0]}", f"not an axis (known: {', '.join(AXES)})")
+        bad = [a for a, v in self.axis_n.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
         if bad:
-            raise ConfigError(f"axis_items.{bad[0]}", f"not an axis (known: {', '.join(AXES)})")
+            raise ConfigError(f"axis_n.{bad[0]}", f"must be an integer >= 1 (got {self.axis_n[bad[0]]!r})")
 
 
 def headline(metrics: dict) -> list[str]:
@@ -205,7 +213,8 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
         trained = None if cfg.trained is None else cfg.trained.get(name, [])
         mine = items if items is not None else (load_eval_items(cfg.axis_items[name], name)
                                                 if name in cfg.axis_items else None)
-        ctx = EvalContext(cfg=cfg, gen=gen, items=mine, trained=trained, log=log,
+        axis_cfg = dataclasses.replace(cfg, n=cfg.axis_n[name]) if name in cfg.axis_n else cfg
+        ctx = EvalContext(cfg=axis_cfg, gen=gen, items=mine, trained=trained, log=log,
                           attack=attack_cfg if cfg.attack else None)
         t0 = time.time()
         recs = AXES[name].run(policy, ctx)

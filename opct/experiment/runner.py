@@ -217,7 +217,11 @@ def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str 
     from opct.evals.run import run_eval
     from opct.policy import load_policy
 
-    ec = dataclasses.replace(cfg.eval, model=model_dir, adapter=adapter, out=str(out), seed=seed,
+    from opct.subjects import SUBJECTS
+
+    subject = SUBJECTS.get(cfg.model)
+    judge = subject.judge if cfg.eval.judge == "auto" and subject is not None and subject.judge else cfg.eval.judge
+    ec = dataclasses.replace(cfg.eval, model=model_dir, adapter=adapter, out=str(out), seed=seed, judge=judge,
                              trained=cfg.trained, trust_remote_code=cfg.trust_remote_code,
                              pair_options=cfg.pair_options, axis_items=axis_items(cfg),
                              log_with=list(dict.fromkeys([*cfg.eval.log_with, *cfg.log_with])),

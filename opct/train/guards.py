@@ -1,0 +1,118 @@
+"""Guards against the student/teacher mismatches that users of on-policy distillation trainers report
+(../shared/papers/protocols.md §6): each one silently biases a per-token KL instead of failing, so opct checks them
+before (and while) it trains, and stops with an OpctError naming the pair, the files and the tokens.
+
+  check_vocab(policy, teacher, where)   the model's config.json vocab_size, the tokenizer's size and the teacher's
+                                        output width agree: every token id the tokenizer can produce has a row in
+                                        the student's and the teacher's output (a tokenizer may be smaller than a
+                                        padded embedding, never larger), and student and teacher score over the
+                                        same vocabulary (two models padded to 151936 and 152064 do not)
+  check_rendered(policy, pair, r)       per pair, on the rendered prompts: at most one BOS at the start of each
+                                        side and the same number on both (a template that writes BOS plus a
+                                        tokenizer that adds another gives two); and the chat template ends both
+                                        sides with the same generation prompt, so the response tokens follow the
+                                        same template tokens on both sides (what differs is only the prompt)
+  check_same_responses(s, t, where)     in every step: the student's and the teacher's layouts hold the very same
+                                        response token ids, with the same lengths (the KL compares the two
+                                        distributions at these positions; re-tokenized or shifted responses would
+                                        compare different tokens)
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from opct.errors import OpctError
+
+
+def _files(policy) -> tuple[str, str]:
+    return f"{policy.name}/config.json", f"{policy.name}/tokenizer.json"
+
+
+def output_rows(model) -> int | None:
+    """Rows of the model's output projection (its vocabulary as scored), or None when it has none to read."""
+    emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    weight = getattr(emb, "weight", None)
+    return None if weight is None else int(weight.shape[0])
+
+
+def check_vocab(policy, teacher_model=None) -> None:
+    config_file, tokenizer_file = _files(policy)
+    vocab = getattr(policy.model.config, "vocab_size", None)
+    n_tok = len(policy.tokenizer)
+    student = output_rows(policy.model)
+    if vocab is not None and n_tok > vocab:
+        raise OpctError(f"{tokenizer_file}: the tokenizer has {n_tok} tokens but {config_file} says vocab_size "
+                        f"{vocab}: ids from {vocab} on have no row in the model's output")
+    if vocab is not None and student is not None and student != vocab:
+        raise OpctError(f"{config_file}: vocab_size {vocab}, but the model's output layer has {student} rows")
+    if teacher_model is not None:
+        teacher = output_rows(teacher_model)
+        if student is not None and teacher is not None and teacher != student:
+            raise OpctError(f"{config_file}: the student scores {student} tokens and the teacher {teacher}: their "
+                            f"vocabularies differ (padded to other sizes?), so their log-probs cannot be compared")
+
+
+def leading_bos(ids: Sequence[int], bos: int) -> int:
+    n = 0
+    while n < len(ids) and ids[n] == bos:
+        n += 1
+    return n
+
+
+def generation_tail(policy, messages) -> list[int]:
+    """The tokens the chat template adds for the generation prompt: what rendering with it has beyond the longest
+    common prefix with rendering without it (e.g. `<|im_start|>assistant\\n` in ChatML)."""
+    with_gen = policy.render(messages, add_generation_prompt=True)
+    without = policy.render(messages, add_generation_prompt=False)
+    n = 0
+    while n < min(len(with_gen), len(without)) and with_gen[n] == without[n]:
+        n += 1
+    return list(with_gen[n:])
+
+
+def _show(policy, ids) -> str:
+    text = policy.tokenizer.decode(list(ids))
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
+def check_rendered(policy, pair, student_ids: Sequence[int], teacher_ids: Sequence[int]) -> None:
+    """The BOS and chat-template guards for one pair (see the module docstring)."""
+    where = f"pair {pair.id}"
+    bos = getattr(policy.tokenizer, "bos_token_id", None)
+    if bos is not None:
+        n_s, n_t = leading_bos(student_ids, bos), leading_bos(teacher_ids, bos)
+        if max(n_s, n_t) > 1:
+            side = "student" if n_s > 1 else "teacher"
+            raise OpctError(f"{where}: the {side} prompt starts with {max(n_s, n_t)} BOS tokens "
+                            f"({policy.tokenizer.bos_token!r}); the chat template writes one and the tokenizer adds "
+                            f"another? ({_files(policy)[1]})")
+        if n_s != n_t:
+            raise OpctError(f"{where}: the student prompt starts with {n_s} BOS token(s) and the teacher prompt with "
+                            f"{n_t}; both sides must be rendered the same way")
+    tails = {side: generation_tail(policy, msgs) for side, msgs in (("student", pair.student),
+                                                                   ("teacher", pair.teacher))}
+    if tails["student"] != tails["teacher"]:
+        raise OpctError(f"{where}: the chat template ends the student prompt with {_show(policy, tails['student'])} "
+                        f"and the teacher prompt with {_show(policy, tails['teacher'])}; the response would follow "
+                        f"other template tokens on each side")
+    for side, ids in (("student", student_ids), ("teacher", teacher_ids)):
+        tail = tails[side]
+        if tail and list(ids[-len(tail):]) != tail:
+            raise OpctError(f"{where}: the {side} prompt does not end with the chat template's generation prompt "
+                            f"{_show(policy, tail)} (it ends {_show(policy, ids[-len(tail):])})")
+
+
+def check_same_responses(student_batch, teacher_batch, where: str = "this step") -> None:
+    """Both layouts (opct.batching.PackedBatch) hold identical response ids and lengths."""
+    import torch
+
+    same = student_batch.response_ids_B_R.shape == teacher_batch.response_ids_B_R.shape \
+        and torch.equal(student_batch.response_lengths_B, teacher_batch.response_lengths_B)
+    if same:
+        mask = torch.arange(student_batch.response_ids_B_R.shape[1], device=student_batch.response_ids_B_R.device)
+        mask = mask[None, :] < student_batch.response_lengths_B[:, None]
+        same = torch.equal(student_batch.response_ids_B_R[mask], teacher_batch.response_ids_B_R[mask])
+    if not same:
+        raise OpctError(f"{where}: the student and the teacher would score different response tokens; the per-token "
+                        f"KL compares the same tokens under two prompts (a bug in how the responses were laid out)")

@@ -1,0 +1,91 @@
+"""The student/teacher guards of opct.train.guards (protocols.md §6) on the tiny Llama model: each mismatch users of
+on-policy distillation trainers reported is an OpctError naming the pair or file, and a well-formed run passes."""
+
+import copy
+
+import pytest
+import torch
+
+import tiny_lm
+from tiny_lm import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
+from opct.errors import OpctError
+from opct.pairs.schema import Pair
+from opct.policy import load_policy, pack
+from opct.train import guards
+from opct.train.loop import render_pairs
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy(tiny_lm.model_dir())
+
+
+def _pair(pid="p0"):
+    return Pair(id=pid, axis="test", task="invariance", teacher=tiny_lm.clean_q("sky"),
+                student=tiny_lm.biased_q("sky", "red"), meta={"split": "train"})
+
+
+def test_well_formed_pairs_and_models_pass(policy):
+    prompts = render_pairs(policy, [_pair()], 8)
+    r = prompts["p0"]
+    assert guards.leading_bos(r.student_ids, policy.tokenizer.bos_token_id) == 1
+    assert guards.leading_bos(r.teacher_ids, policy.tokenizer.bos_token_id) == 1
+    guards.check_vocab(policy, policy.model)
+
+
+def test_an_extra_bos_on_one_side_names_the_pair(policy):
+    bos = policy.tokenizer.bos_token_id
+    student, teacher = policy.render(_pair().student), policy.render(_pair().teacher)
+    with pytest.raises(OpctError, match=r"pair p0: the teacher prompt starts with 2 BOS tokens"):
+        guards.check_rendered(policy, _pair(), student, [bos] + teacher)
+    with pytest.raises(OpctError, match=r"pair p0: the student prompt starts with 1 BOS token\(s\) and the teacher "
+                                        r"prompt with 0"):
+        guards.check_rendered(policy, _pair(), student, teacher[1:])
+
+
+def test_a_prompt_without_the_generation_prompt_names_the_pair(policy):
+    p = _pair()
+    student = policy.render(p.student)
+    teacher = policy.render(p.teacher, add_generation_prompt=False)
+    with pytest.raises(OpctError, match="pair p0: the teacher prompt does not end with the chat template's generation"):
+        guards.check_rendered(policy, p, student, teacher)
+
+
+def test_a_template_that_ends_the_sides_differently_names_the_pair(policy, monkeypatch):
+    """A template whose generation prompt depends on the messages (here: one more token after a long prompt)."""
+    p = _pair()
+    real = policy.render
+    extra = policy.tokenizer.convert_tokens_to_ids("the")
+
+    def render(messages, add_generation_prompt=True):
+        ids = real(messages, add_generation_prompt)
+        return ids + [extra] if add_generation_prompt and "think" in messages[-1]["content"] else ids
+
+    monkeypatch.setattr(policy, "render", render)
+    with pytest.raises(OpctError, match="pair p0: the chat template ends the student prompt with"):
+        render_pairs(policy, [p], 8)
+
+
+def test_vocab_sizes_that_disagree_name_the_file(policy):
+    tok = copy.deepcopy(policy.tokenizer)
+    n = policy.model.config.vocab_size
+    tok.add_tokens([f"extra{i}" for i in range(n - len(tok) + 1)])
+    other = copy.copy(policy)
+    other.tokenizer = tok
+    with pytest.raises(OpctError, match=r"tokenizer\.json: the tokenizer has \d+ tokens but .*config\.json says "
+                                        r"vocab_size"):
+        guards.check_vocab(other)
+    teacher = copy.deepcopy(policy.model)
+    teacher.resize_token_embeddings(n + 64)
+    with pytest.raises(OpctError, match=rf"the student scores {n} tokens and the teacher {n + 64}"):
+        guards.check_vocab(policy, teacher)
+
+
+def test_student_and_teacher_must_score_the_same_response_ids(policy):
+    prompts = [policy.render(_pair().student)]
+    student = pack(prompts, [[5, 6, 7]], policy.pad_id, "cpu")
+    guards.check_same_responses(student, pack([policy.render(_pair().teacher)], [[5, 6, 7]], policy.pad_id, "cpu"))
+    for other in ([[5, 6, 8]], [[5, 6]]):
+        with pytest.raises(OpctError, match="step 3: the student and the teacher would score different response"):
+            guards.check_same_responses(student, pack(prompts, other, policy.pad_id, "cpu"), "step 3")
+    assert torch.equal(student.response_lengths_B, torch.tensor([3]))
