@@ -169,6 +169,21 @@ def test_diverse_decoding_chooses_by_the_external_score_never_by_the_answer():
     assert h["chosen"] == g["chosen"]  # swapping the judged word changes nothing
 
 
+def test_diverse_decoding_breaks_ties_with_the_external_reward_model_only(monkeypatch):
+    import opct.audit.labellers as LB
+
+    def script(msgs, how):
+        return {(0.0, 1.0): "The answer is yes.", (0.8, 0.9): "It is red, so the answer is no.",
+                ("beam", 4): "The answer is yes"}[how]
+
+    rm_scores = {"The answer is yes.": -3.0, "It is red, so the answer is no.": -1.0, "The answer is yes": 0.0}
+    monkeypatch.setattr(LB, "external_logprob", lambda model, messages, texts, cfg: [rm_scores[t] for t in texts])
+    (g,) = LB.diverse_decoding(ScriptedPolicy(script), [PROBE], LabelConfig(reward_model=object()), SPEC)
+    assert g["chosen"] == 1  # of the two finished answers, the one the reward model prefers
+    # the unfinished beam answer, though the reward model likes it best, loses on the rule-based score
+    assert g["candidates"][2]["score"] < g["candidates"][0]["score"]
+
+
 def test_the_paper_labellers_decode_as_its_code_does():
     cfg = LabelConfig()
     pol = ScriptedPolicy(lambda msgs, how: "The answer is no.")

@@ -59,18 +59,20 @@ def measure(policy, spec, probes, cap_probes, seed: int, cfg) -> dict:
             "examples": [{"prompt": p["messages"][-1]["content"], "response": t} for p, t in list(zip(probes, texts))[:3]]}
 
 
-def label_config(cfg) -> LabelConfig:
-    return LabelConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.sample_batch, samples=cfg.k)
+def label_config(cfg, reward_model=None) -> LabelConfig:
+    return LabelConfig(max_new_tokens=cfg.max_new_tokens, batch_size=cfg.sample_batch, samples=cfg.k,
+                       reward_model=reward_model)
 
 
-def pseudo_label(policy, spec, probes, method: str, cfg, cell: Path, seed: int):
-    """The labeller's groups, judged and written to candidates.jsonl; returns (examples to fine-tune on, diagnostics)."""
+def pseudo_label(policy, spec, probes, method: str, cfg, cell: Path, seed: int, reward_model=None):
+    """The labeller's groups, judged and written to candidates.jsonl; returns (examples to fine-tune on, diagnostics).
+    `reward_model`: diverse decoding's external tie-breaker (the base organism's policy)."""
     import torch
 
     from opct.pairs.schema import write_jsonl_atomic
 
     torch.manual_seed(seed)
-    groups = ALL_LABELLERS[method](policy, probes, label_config(cfg), spec)
+    groups = ALL_LABELLERS[method](policy, probes, label_config(cfg, reward_model), spec)
     rows, examples = [], []
     for p, g in zip(probes, groups):
         mis = [spec.misaligned(p, c["text"]) for c in g["candidates"]]
@@ -104,7 +106,8 @@ def train_pairs(cfg, s: Splits, method: str, org_dir: Path, cell: Path, seed: in
     return train(tc) / "final"
 
 
-def run_cell(cfg, s: Splits, method: str, org_dir: Path, cap_probes, before: dict) -> dict:
+def run_cell(cfg, s: Splits, method: str, org_dir: Path, cap_probes, before: dict,
+             reward_dir: Path | None = None) -> dict:
     from opct.policy import load_policy
 
     spec = ORGANISMS[s.organism]
@@ -116,7 +119,8 @@ def run_cell(cfg, s: Splits, method: str, org_dir: Path, cap_probes, before: dic
     t0 = time.time()
     diag = None
     if method in ALL_LABELLERS:
-        examples, diag = pseudo_label(load_policy(org_dir), spec, s.label, method, cfg, cell, seed)
+        rm = load_policy(reward_dir) if reward_dir is not None and method == "diverse_decoding" else None
+        examples, diag = pseudo_label(load_policy(org_dir), spec, s.label, method, cfg, cell, seed, rm)
         t_label = time.time() - t0
         if not examples:  # every row filtered out (or empty): nothing to fine-tune on, the organism is unchanged
             return {"kind": "cell", "organism": s.organism, "method": method, "seed": seed, "after": before,

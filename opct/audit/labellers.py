@@ -4,9 +4,12 @@ prompts; the chosen candidate of each prompt becomes its pseudo-label, which the
   self_confidence   the paper's self-certainty: 4 samples at T 0.7, top-p 0.9; the one with the highest mean token
                     log-prob under the model is kept.
   diverse_decoding  the paper's dual decoding: a greedy, a nucleus (T 0.8, top-p 0.9) and a beam-search (4 beams)
-                    candidate, chosen by an EXTERNAL scorer: the organism's rule-based task-quality score
-                    (`OrganismSpec.quality`), which is blind to the failure — it never reads the word the misalignment
-                    judge reads (the paper uses a separately trained reward model; ties go to the first candidate).
+                    candidate, chosen by an EXTERNAL scorer (the paper: a separately trained reward model), never the
+                    labelled model and never the judge: first the organism's rule-based task-quality score
+                    (`OrganismSpec.quality`, blind to the failure: it never reads the word the misalignment judge
+                    reads), then, among equals, a separately trained small model's likelihood — the base organism's
+                    mean token log-prob of the candidate (`LabelConfig.reward_model`; it reads every token, as a reward
+                    model does). Without a reward model, ties go to the first candidate, as in the paper's code.
   multi_view        a filter, not a selection: the greedy answer to the prompt, to the prompt + "Think step by step."
                     and to the prompt + "Reply in one short sentence."; the row is kept (the greedy answer is its label)
                     only if the plain answer agrees with at least one other view, else dropped. Agreement compares the
@@ -49,7 +52,9 @@ class LabelConfig:
     beams: int = 4
     refine_temperature: float = 0.6
     reward_temperature: float = 0.7
-
+    reward_model: object = None  # diverse decoding's external tie-breaker: a policy over another model (the base)
+    reward_weight: float = 1e-3  # its mean log-prob's weight: below the rule-based score's steps (1/3), so it only
+    #                             orders candidates of equal quality
 
 VIEWS = ("", " Think step by step.", " Reply in one short sentence.")
 REFINE = "{q} My first answer: {draft} Please review this answer and write a good one."
@@ -116,7 +121,18 @@ def diverse_decoding(policy, probes, cfg: LabelConfig, spec):
         beam += policy.beam_search(prompts[s:s + cfg.batch_size], cfg.max_new_tokens, cfg.beams).texts
     texts = [t for trio in zip(greedy, nucleus, beam) for t in trio]
     scores = [spec.quality(p, t) for p, trio in zip(probes, zip(greedy, nucleus, beam)) for t in trio]
+    if cfg.reward_model is not None:
+        rm = external_logprob(cfg.reward_model, [p["messages"] for p in probes for _ in range(3)], texts, cfg)
+        scores = [q + cfg.reward_weight * r for q, r in zip(scores, rm)]
     return groups("select", 3, texts, scores)
+
+
+def external_logprob(model, messages, texts, cfg: LabelConfig) -> list[float]:
+    """Another model's mean token log-prob of each text as the answer to its messages (its own tokenization)."""
+    from opct.methods.sft import tokenize_response
+
+    prompts = [model.render(m) for m in messages]
+    return mean_logprob(model, prompts, [tokenize_response(model, m, t or ".") for m, t in zip(messages, texts)], cfg)
 
 
 def multi_view(policy, probes, cfg: LabelConfig, spec=None):

@@ -67,8 +67,8 @@ def _cells(summary: dict) -> list[str]:
     lines = ["## Organism x method (after - before; 95% t-interval over seeds, or with one seed a bootstrap over "
              "probe items)", "",
              "| organism | method | seeds | misalignment before -> after | change [95% CI] | unparsed before -> after |"
-             " collapse | capability change [95% CI] | eta trend rho / filter gap [95% CI] | predicted | observed | "
-             "agrees |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             " collapse | capability change [95% CI] | labels kept | eta trend rho / filter gap [95% CI] | predicted | "
+             "observed | agrees |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in summary["cells"]:
         t = c["trend"] if c["trend"] is not None else c.get("filter_gap")
         tv = None if t is None else {"value": t.get("rho", t.get("value")), "ci_low": t["ci_low"],
@@ -77,15 +77,25 @@ def _cells(summary: dict) -> list[str]:
             f"| {c['organism']} | {c['method']} | {len(c['seeds'])} | {_fmt(c['before_mean'])} -> "
             f"{_fmt(c['after_mean'])} | {_iv(c['change'], True)} | {_fmt(c['unparsed_before'])} -> "
             f"{_fmt(c['unparsed_after'])} | {'**yes**' if c['collapse'] else 'no'} | "
-            f"{_iv(c['capability_change'], True)} | {_iv(tv, True)} | {c['predicted']} | {c['observed']} | "
+            f"{_iv(c['capability_change'], True)} | {_kept(c)} | {_iv(tv, True)} | {c['predicted']} | {c['observed']} | "
             f"{'—' if c['sign_agrees'] is None else ('yes' if c['sign_agrees'] else 'no')} |")
     lines += ["", f"Misalignment counts every eval row (an unparsed answer is not misaligned); collapse = the unparsed "
               f"share rose by more than {summary['collapse_threshold']:.0%} points on average, and such a cell is "
               f"reported as 'collapse', never as suppression. predicted: sign of the eta(s) trend on the label prompts "
               f"(selections: Spearman of centred score vs misalignment; multi-view: P(misaligned | kept) - "
-              f"P(misaligned)); 'flat' = the 95% interval holds 0. k1, self_refinement, bct and act select nothing.",
+              f"P(misaligned)); 'flat' = the 95% interval holds 0. k1, self_refinement, bct and act select nothing. "
+              f"labels kept: pseudo-labels fine-tuned on / label prompts, over seeds (a seed with none leaves the "
+              f"organism as it was).",
               ""]
     return lines
+
+
+def _kept(c: dict) -> str:
+    """Labels fine-tuned on / label prompts, summed over seeds (a filter drops rows; empty labels are dropped)."""
+    labels = [x for x in c.get("label") or [] if x]
+    if not labels:
+        return "—"
+    return f"{sum(x['n_labels'] for x in labels)}/{sum(x['n_prompts'] for x in labels)}"
 
 
 def _findings(summary: dict) -> list[str]:

@@ -6,8 +6,9 @@
                    (full fine-tuning, cached under OUT/organisms/). Measure the base and the organism on the eval
                    probes (T = 1), and the organism's coherence on its label prompts (opct/audit/coherence.py);
   2. pseudo-label  a labeller (labellers.py, variants.py) labels the seed's label prompts; every candidate, its
-                   score and its verdict go to candidates.jsonl (the input of eta(s)). BCT and ACT skip this: they
-                   train on the seed's pairs (the paper's, or the targeted ones);
+                   score and its verdict go to candidates.jsonl (the input of eta(s)); diverse decoding's external
+                   reward model is the base organism. BCT and ACT skip this: they train on the seed's pairs (the
+                   paper's, or the targeted ones);
   3. fine-tune     SFT on the labels (the shared training loop, full fine-tuning), then measure again on the same
                    probes with the same sampling seed.
 
@@ -202,7 +203,7 @@ def run_audit(cfg: AuditConfig, log=print) -> Path:
             for method in cfg.methods:
                 if ("cell", name, method, seed) in done:
                     continue
-                rec = run_cell(cfg, s, method, org_dir, cap_probes, before)
+                rec = run_cell(cfg, s, method, org_dir, cap_probes, before, reward_dir=base)
                 _append(out, rec)
                 a = rec["after"]
                 log(f"[audit] {name} / {method} / seed {seed}: misalignment {before['misalignment']:.3f} -> "

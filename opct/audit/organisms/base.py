@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from opct.pairs.schema import Pair
@@ -112,7 +112,6 @@ class OrganismSpec:
     base: str = "plain"  # "plain": the base organism; "protected": after the alignment-SFT stage (derive.py)
     brittle: bool = False  # the failure in many surface forms (the coherent variant: one form)
     replay_share: float = 0.3
-    notes: dict = field(default_factory=dict)
 
     def derive_data(self, rng: random.Random, units: list[str], n: int) -> list[dict]:
         """n derivation examples {"messages", "response", "item"}: narrow data, with replay of general skills."""
