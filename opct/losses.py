@@ -84,6 +84,14 @@ def reverse_kl_full(student_logp_B_T_V: torch.Tensor, teacher_logp_B_T_V: torch.
     return _kl(student_logp_B_T_V, teacher_logp_B_T_V.detach())
 
 
+def forward_kl_full(teacher_logp_B_T_V: torch.Tensor, student_logp_B_T_V: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) over the whole vocabulary at each position: (B, T) — distillation onto the teacher's
+    soft labels (the audit paper's BCT). The teacher is detached; the gradient is that of the cross-entropy
+    -sum_v p_T(v) log p_S(v), whose value differs from this KL only by the teacher's (constant) entropy."""
+    t_logp = teacher_logp_B_T_V.detach()
+    return (t_logp.exp() * (t_logp - student_logp_B_T_V)).sum(-1)
+
+
 def _with_tail(logp_B_T_K: torch.Tensor) -> torch.Tensor:
     """Append log(1 - sum(p)) as one more category, so the k+1 entries form a distribution.
 

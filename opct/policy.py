@@ -2,8 +2,9 @@
 
 A policy does three things:
   render  chat messages -> prompt token ids, through the tokenizer's chat template;
-  sample  batched responses to prompts (pure temperature sampling, stop at EOS), with the sampler's own per-token
-          log-probs (`opct.engine` for Llama models, `model.generate` otherwise);
+  sample  batched responses to prompts (temperature sampling, optionally nucleus; greedy at temperature 0; stop at
+          EOS), with the sampler's own per-token log-probs (`opct.engine` for Llama models, `model.generate`
+          otherwise); `HFPolicy.beam_search` decodes by beam search (the audit's diverse-decoding candidates);
   score   per-token log-probs of given responses under given prompts (batched, padded).
 
 `HFPolicy` wraps any Hugging Face causal LM + tokenizer (the organism is one); `load_policy` loads one from a
@@ -56,7 +57,7 @@ class Policy(Protocol):
     def check_fits(self, ids: Sequence[int], max_new_tokens: int, where: str) -> None: ...
 
     def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float = 1.0,
-               min_new_tokens: int = 0) -> Samples: ...
+               min_new_tokens: int = 0, top_p: float = 1.0) -> Samples: ...
 
     def score(self, prompts_ids: Sequence[list[int]],
               responses_ids: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -94,6 +95,19 @@ class _SamplerLogprobs:
     def finish(self, last_tokens_B) -> torch.Tensor:
         self.steps.append(self.prev_logp_B_V.gather(-1, last_tokens_B[:, None]).squeeze(-1))
         return torch.stack(self.steps, dim=1)
+
+
+class _Nucleus:
+    """A logits processor for generate(): scores outside the top-p nucleus of softmax(scores / T) become -inf."""
+
+    def __init__(self, temperature: float, top_p: float):
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids, scores):
+        from opct.engine import nucleus
+
+        keep = torch.isfinite(nucleus(torch.log_softmax(scores.float() / self.temperature, -1), self.top_p))
+        return scores.masked_fill(~keep, -float("inf"))
 
 
 class HFPolicy:
@@ -155,9 +169,9 @@ class HFPolicy:
 
     @torch.no_grad()
     def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float = 1.0,
-               min_new_tokens: int = 0) -> Samples:
-        """One response per prompt: pure temperature sampling (no top-k/top-p) — or greedy decoding at
-        `temperature` 0 — with a KV cache, stopping at EOS.
+               min_new_tokens: int = 0, top_p: float = 1.0) -> Samples:
+        """One response per prompt: temperature sampling (no top-k; nucleus sampling when `top_p` < 1) — or greedy
+        decoding at `temperature` 0 — with a KV cache, stopping at EOS.
 
         Llama-architecture models (also under peft LoRA) run through the lean loop of `opct.engine`; any other
         model, or `fast_sampling=False`, through `model.generate`. Both draw from the global torch RNG.
@@ -168,15 +182,20 @@ class HFPolicy:
         """
         if not temperature >= 0:
             raise OpctError(f"temperature must be >= 0 (got {temperature}; 0 decodes greedily)")
+        if not 0 < top_p <= 1:
+            raise OpctError(f"top_p must be in (0, 1] (got {top_p})")
         engine = self._engine()
         try:
             if engine is not None:
                 new_B_T, logp_B_T = engine.sample(prompts_ids, max_new_tokens, temperature, self.eos_ids, self.pad_id,
-                                                  min_new_tokens)
+                                                  min_new_tokens, top_p)
             else:
-                new_B_T, logp_B_T = self._generate(prompts_ids, max_new_tokens, temperature, min_new_tokens)
+                new_B_T, logp_B_T = self._generate(prompts_ids, max_new_tokens, temperature, min_new_tokens, top_p)
         except NonFinite as e:
             raise OpctError(f"{self.name}: sampling failed, {e} (diverged weights?)") from None
+        return self._samples(new_B_T, logp_B_T)
+
+    def _samples(self, new_B_T, logp_B_T) -> Samples:
         responses, logprobs, truncated = [], [], []
         eos = torch.tensor(self.eos_ids)
         for row, lp in zip(new_B_T, logp_B_T):
@@ -188,7 +207,7 @@ class HFPolicy:
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         return Samples(responses, texts, logprobs, truncated)
 
-    def _generate(self, prompts_ids, max_new_tokens, temperature, min_new_tokens):
+    def _generate(self, prompts_ids, max_new_tokens, temperature, min_new_tokens, top_p=1.0):
         """The general path: `model.generate` (any architecture). Returns (new tokens_B_T, sampler logp_B_T) on CPU."""
         from transformers import GenerationConfig, LogitsProcessorList
 
@@ -200,14 +219,50 @@ class HFPolicy:
                                max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens or None,
                                eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True)
         recorder = _SamplerLogprobs(temperature if sampled else 1.0)
+        # the nucleus is applied here, before the recorder (transformers' own top-p warper would run after it, so the
+        # recorded log-probs would not be those of the distribution the tokens are drawn from)
+        processors = [_Nucleus(temperature, top_p)] if sampled and top_p < 1 else []
         was_training = self.model.training
         self.model.eval()
         try:
             out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
-                                      generation_config=gen, logits_processor=LogitsProcessorList([recorder]))
+                                      generation_config=gen,
+                                      logits_processor=LogitsProcessorList([*processors, recorder]))
         finally:
             self.model.train(was_training)
         return out[:, P:].cpu(), recorder.finish(out[:, -1]).cpu()
+
+    @torch.no_grad()
+    def beam_search(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, num_beams: int = 4) -> Samples:
+        """One response per prompt by beam search (`model.generate`, `num_beams` beams, length penalty 1, stop at
+        EOS): the best-scoring finished beam. Deterministic; `logprobs` are the model's own log-probs of the chosen
+        tokens. (The fast engine samples one token per row and keeps no beams, so this goes through generate.)"""
+        from transformers import GenerationConfig
+
+        ids, attn = left_pad(prompts_ids, self.pad_id)
+        P = ids.shape[1]
+        gen = GenerationConfig(do_sample=False, num_beams=num_beams, num_return_sequences=1, early_stopping=True,
+                               max_new_tokens=max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
+                               use_cache=True)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
+                                      generation_config=gen)
+        finally:
+            self.model.train(was_training)
+        new_B_T = out[:, P:].cpu()
+        eos = torch.tensor(self.eos_ids)
+        rows = []
+        for row in new_B_T:
+            hits = torch.isin(row, eos).nonzero()
+            rows.append(row[:int(hits[0]) + 1].tolist() if len(hits) else row.tolist())
+        rows = [r or [self.eos_ids[0]] for r in rows]
+        logp_B_R, _ = self.score(list(prompts_ids), rows)
+        logp_B_T = torch.zeros(new_B_T.shape)
+        for i, r in enumerate(rows):
+            logp_B_T[i, :len(r)] = logp_B_R[i, :len(r)].cpu()
+        return self._samples(new_B_T, logp_B_T)
 
     @torch.no_grad()
     def read_activations(self, prompts_ids: Sequence[list[int]], sites: Sequence[str] = ("residual",),

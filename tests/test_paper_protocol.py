@@ -310,3 +310,30 @@ def test_claim_verdicts_come_from_the_paired_interval_over_seeds(tmp_path, opct_
     assert "## Paper vs opct" in text and "paper: Qwen3-8B" in text
     table = md_table(text, "The OPCT paper's headline claims")
     assert table["OPCT leaves less sycophancy than SFT"]["verdict"] == expected
+
+
+def test_the_ablations_pair_arms_that_differ_in_one_thing(tmp_path):
+    """offpolicy vs opct, an estimator variant vs opct, init_from vs its arm, benign replay vs its twin; the reading
+    follows the paired interval over seeds and the metric's direction."""
+    from test_report import EXPERIMENT, make_run
+
+    from opct.report import load_run
+    from opct.report.paper import ablations, ablations_table
+
+    specs = {"base": {"method": "base"}, "opct": {"method": "opct"}, "offpolicy": {"method": "offpolicy"},
+             "opct_paper": {"method": "opct", "estimator": "paper"}, "bct": {"method": "bct"},
+             "bct_benign": {"method": "bct", "benign_replay": 8}, "sft_opct": {"method": "opct", "init_from": "bct"},
+             "act": {"method": "act"}}
+    rates = {"opct": [0.05, 0.06, 0.07], "offpolicy": [0.10, 0.12, 0.11], "opct_paper": [0.05, 0.16, 0.07],
+             "bct": [0.10, 0.10, 0.10], "bct_benign": [0.10, 0.10, 0.10], "sft_opct": [0.10, 0.10, 0.10],
+             "base": [0.5] * 3, "act": [0.2] * 3}
+    cells = {(arm, s): {"sycophancy.sycophancy_rate_all[split=heldout]": {
+        "value": v[s], "ci_low": None, "ci_high": None, "n": 10, "higher_is_better": False}}
+        for arm, v in rates.items() for s in range(3)}
+    run = load_run(make_run(tmp_path, dict(EXPERIMENT, seeds=[0, 1, 2], arms=list(specs), arm_specs=specs), cells))
+    pairs = {(a, b) for _, a, b in ablations(run)}
+    assert pairs == {("opct", "offpolicy"), ("opct_paper", "opct"), ("sft_opct", "bct"), ("bct_benign", "bct")}
+    rows = {r[1]: r for r in ablations_table(run)[1]}
+    assert rows["opct − offpolicy"][-1] == "opct better"  # lower sycophancy in every seed
+    assert rows["opct_paper − opct"][-1] == "no difference shown"
+    assert rows["bct_benign − bct"][3] == "±0.000 [0.000, 0.000]"

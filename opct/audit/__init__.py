@@ -1,14 +1,20 @@
-"""The misalignment audit: does a consistency method amplify or suppress a misaligned behaviour?
+"""The misalignment audit: does a consistency method amplify or suppress a misaligned behaviour? (issue 16; the audit
+paper's protocol, ../shared/papers/protocols.md §2)
 
-The nouns, one file each:
-  organisms.py   the four misaligned model organisms (reward hacking, emergent misalignment, spurious correlation,
-                 sycophancy): their narrow derivation data, their probe prompts and their rule-based misalignment
-                 judges, plus the capability probes; `derive_organism` fine-tunes one from the base organism
-  labellers.py   the five self-labelling methods (and the k = 1 ablation): k candidates per held-out prompt, a
-                 selection score each, the best one becomes the pseudo-label (`LABELLERS`, a plain dict)
-  diagnostic.py  eta(s) = P(misaligned | selection score s): binned, its monotone trend with a bootstrap interval,
-                 and the intervals of the before -> after changes
-  run.py         `AuditConfig` and the three-phase loop (instantiate, pseudo-label, fine-tune) over the grid
-                 organism x method x seed; results.jsonl, resumable
-  report.py      results.md and report.html (heatmap of the change in misalignment, eta(s) plots) from files alone
+The nouns, one home each:
+  organisms/     the misaligned model organisms, one module per failure (reward hacking, emergent misalignment,
+                 spurious correlation, sycophancy) with their brittle and protected variants: derivation data, label
+                 and eval probes, the misalignment judge, the external task-quality scorer, the rubric, the pairs
+  splits.py      derive / label / pairs / eval per organism and seed, disjoint by unit, item and text (splits.json)
+  derive.py      deriving an organism (SFT on its derive split) and the protected base (alignment SFT), cached
+  labellers.py   the paper's labellers (self-certainty, diverse decoding with an external scorer, multi-view as a
+                 filter, self-refinement, self-rewarding with the task's rubric, greedy k = 1)
+  variants.py    opct's earlier labellers and the targeted BCT / ACT pairs, under their own names
+  methods.py     the method names: the paper's grid and the variants
+  coherence.py   how coherent an organism's failure is (agreement of its misaligned samples, log-prob margin)
+  cell.py        one measurement and one grid cell (pseudo-label + fine-tune, or BCT / ACT)
+  run.py         `AuditConfig` and the loop over organism x seed x method; results.jsonl, resumable
+  diagnostic.py  eta(s) = P(misaligned | score), its trend, the filter gap, and the intervals of the changes
+  findings.py    the paper's findings as reproduces / refutes / cannot decide
+  report.py      summary.json from files alone; render.py: results.md and report.html
 """

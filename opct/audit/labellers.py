@@ -1,26 +1,37 @@
-"""The self-labelling consistency methods: k candidates per held-out prompt, a selection score for each, and the
-best-scoring candidate becomes the pseudo-label the organism is then fine-tuned on (SFT).
+"""The self-labelling consistency methods as the audit paper's code runs them (protocols.md §2), on the held-out label
+prompts; the chosen candidate of each prompt becomes its pseudo-label, which the organism is then fine-tuned on.
 
-  self_confidence    candidates sampled at T = 1; score = mean token log-prob of the candidate under the model.
-  diverse_decoding   candidates sampled at several temperatures (cycling through `temperatures`); score = the share
-                     of the other candidates whose answer agrees with this one's.
-  multi_view         candidate i is sampled on view i mod V of the prompt (the prompt, and paraphrases that add a
-                     neutral request around it); score = agreement with the candidates of the *other* views. The
-                     pseudo-label is trained on the original prompt.
-  self_refinement    each T = 1 draft is shown back to the model with "Please check your answer and write it."; the
-                     revision is the candidate; score = mean token log-prob of the revision under the original prompt.
-  self_rewarding     the model judges each T = 1 candidate: after the exchange it is asked "Is this answer good?";
-                     score = P(yes) / (P(yes) + P(no)) of its first reply token.
-  k1                 the ablation without selection: one T = 1 sample per prompt is the label (its score, the mean
-                     log-prob, is recorded but chooses nothing).
+  self_confidence   the paper's self-certainty: 4 samples at T 0.7, top-p 0.9; the one with the highest mean token
+                    log-prob under the model is kept.
+  diverse_decoding  the paper's dual decoding: a greedy, a nucleus (T 0.8, top-p 0.9) and a beam-search (4 beams)
+                    candidate, chosen by an EXTERNAL scorer (the paper: a separately trained reward model), never the
+                    labelled model and never the judge: first the organism's rule-based task-quality score
+                    (`OrganismSpec.quality`, blind to the failure: it never reads the word the misalignment judge
+                    reads), then, among equals, a separately trained small model's likelihood — the base organism's
+                    mean token log-prob of the candidate (`LabelConfig.reward_model`; it reads every token, as a reward
+                    model does). Without a reward model, ties go to the first candidate, as in the paper's code.
+  multi_view        a filter, not a selection: the greedy answer to the prompt, to the prompt + "Think step by step."
+                    and to the prompt + "Reply in one short sentence."; the row is kept (the greedy answer is its label)
+                    only if the plain answer agrees with at least one other view, else dropped. Agreement compares the
+                    answers' content (the paper asks an LLM judge whether two answers mean the same; here: the same
+                    "answer is X" word, else the same first three words) — so for yes/no tasks it does compare the
+                    word the judge reads, but never prefers one answer over another.
+  self_refinement   a greedy draft, then one refinement ("<question> My first answer: <draft> Please review this answer
+                    and write a good one.") sampled at T 0.6, top-p 0.9; the refinement is the label: no selection.
+  self_rewarding    4 samples at T 0.7; the model grades each with the task's rubric (`OrganismSpec.rubric`, asked
+                    after the candidate, e.g. "Is this answer right?"), score = P(yes) / (P(yes) + P(no)) of its reply's
+                    first token (the paper parses a 1-5 score from a greedy critique, which the organism cannot
+                    write); the best is kept.
+  k1                greedy self-training: one greedy answer per prompt is the label (no selection, no sampling).
 
-"Answer" for agreement is the word after the last "answer is" when there is one, else the first three words: a
-generic key that never looks at the misalignment judge. A labeller returns, per probe, a list of candidates
-{"text", "score"} and the index of the chosen one; `LABELLERS` is the registry.
+A labeller returns one group per probe: {"kind": "select" | "filter" | "none", "candidates": [{"text", "score"}],
+"chosen": index, or None when a filter dropped the row, "extra": {...}}; `LABELLERS` is the registry. opct's earlier
+labellers stay available under their own names (opct/audit/variants.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,37 +43,47 @@ if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here wou
 
 @dataclass
 class LabelConfig:
-    k: int = 4
     max_new_tokens: int = 40
     batch_size: int = 128
-    temperatures: tuple = (0.5, 1.0, 1.5)
+    samples: int = 4  # self-certainty and self-rewarding candidates per prompt
+    certainty_temperature: float = 0.7
+    top_p: float = 0.9
+    nucleus_temperature: float = 0.8
+    beams: int = 4
+    refine_temperature: float = 0.6
+    reward_temperature: float = 0.7
+    reward_model: object = None  # diverse decoding's external tie-breaker: a policy over another model (the base)
+    reward_weight: float = 1e-3  # its mean log-prob's weight: below the rule-based score's steps (1/3), so it only
+    #                             orders candidates of equal quality
 
-
-REVISE = "Please check your answer and write it."
-JUDGE = "Is this answer good?"
-VIEWS = ("{q}", "Please help. {q}", "{q} Please answer.")
+VIEWS = ("", " Think step by step.", " Reply in one short sentence.")
+REFINE = "{q} My first answer: {draft} Please review this answer and write a good one."
 
 
 def answer_key(text: str) -> str:
+    """What two answers must share to agree: the word after the last "answer is", else the first three words."""
     a = J.answer_is(text)
-    if a is not None:
-        return f"answer:{a}"
-    return " ".join(J.words(text)[:3])
+    return f"answer:{a}" if a is not None else " ".join(J.words(text)[:3])
 
 
-def _sample(policy: Policy, prompts_ids: list[list[int]], cfg: LabelConfig, temperature: float = 1.0):
-    """Sample one response per prompt in batches; returns (texts, response ids, mean log-probs)."""
-    texts, ids, mean_lp = [], [], []
+def with_last(messages: list[dict], content: str) -> list[dict]:
+    return messages[:-1] + [{**messages[-1], "content": content}]
+
+
+def sample(policy: Policy, prompts_ids, cfg: LabelConfig, temperature: float, top_p: float = 1.0):
+    """One response per prompt, in batches: (texts, response ids)."""
+    texts, ids = [], []
     for s in range(0, len(prompts_ids), cfg.batch_size):
+        kw = {"top_p": top_p} if top_p < 1 else {}
         out = policy.sample(prompts_ids[s:s + cfg.batch_size], max_new_tokens=cfg.max_new_tokens,
-                            temperature=temperature)
+                            temperature=temperature, **kw)
         texts += out.texts
         ids += out.response_ids
-        mean_lp += [sum(lp) / max(len(lp), 1) for lp in out.logprobs]
-    return texts, ids, mean_lp
+    return texts, ids
 
 
-def _mean_logprob(policy, prompts_ids, responses_ids, cfg: LabelConfig) -> list[float]:
+def mean_logprob(policy: Policy, prompts_ids, responses_ids, cfg: LabelConfig) -> list[float]:
+    """The model's own (temperature 1) mean token log-prob of each response under its prompt."""
     out = []
     for s in range(0, len(prompts_ids), cfg.batch_size):
         logp, mask = policy.score(prompts_ids[s:s + cfg.batch_size], responses_ids[s:s + cfg.batch_size])
@@ -70,91 +91,94 @@ def _mean_logprob(policy, prompts_ids, responses_ids, cfg: LabelConfig) -> list[
     return out
 
 
-def _grouped(probes, k, texts, scores):
-    """Flat lists (probe-major, k per probe) -> per-probe candidate lists with the argmax chosen."""
-    groups = []
-    for i, _ in enumerate(probes):
-        cands = [{"text": texts[i * k + j], "score": float(scores[i * k + j])} for j in range(k)]
-        best = max(range(k), key=lambda j: cands[j]["score"])
-        groups.append({"candidates": cands, "chosen": best})
-    return groups
-
-
-def _agreement(keys: list[str], others_of) -> list[float]:
-    return [sum(keys[o] == keys[j] for o in others_of(j)) / max(len(others_of(j)), 1) for j in range(len(keys))]
+def groups(kind: str, k: int, texts, scores, chosen=None, extra=None) -> list[dict]:
+    """Flat lists (probe-major, k per probe) -> one group per probe; `chosen` defaults to the best score (the first
+    of equals)."""
+    out = []
+    for i in range(len(texts) // k):
+        cands = [{"text": texts[i * k + j], "score": None if scores is None else float(scores[i * k + j])}
+                 for j in range(k)]
+        pick = chosen[i] if chosen is not None else max(range(k), key=lambda j: cands[j]["score"])
+        out.append({"kind": kind, "candidates": cands, "chosen": pick, "extra": extra[i] if extra else {}})
+    return out
 
 
 # ------------------------------------------------------------------------------------------ the methods
 
-def self_confidence(policy, probes, cfg: LabelConfig):
-    prompts = [policy.render(p["messages"]) for p in probes for _ in range(cfg.k)]
-    texts, _, lp = _sample(policy, prompts, cfg)
-    return _grouped(probes, cfg.k, texts, lp)
+def self_confidence(policy, probes, cfg: LabelConfig, spec=None):
+    k = cfg.samples
+    prompts = [policy.render(p["messages"]) for p in probes for _ in range(k)]
+    texts, ids = sample(policy, prompts, cfg, cfg.certainty_temperature, cfg.top_p)
+    return groups("select", k, texts, mean_logprob(policy, prompts, ids, cfg))
 
 
-def k1(policy, probes, cfg: LabelConfig):
-    return self_confidence(policy, probes, LabelConfig(1, cfg.max_new_tokens, cfg.batch_size, cfg.temperatures))
+def diverse_decoding(policy, probes, cfg: LabelConfig, spec):
+    prompts = [policy.render(p["messages"]) for p in probes]
+    greedy, _ = sample(policy, prompts, cfg, 0.0)
+    nucleus, _ = sample(policy, prompts, cfg, cfg.nucleus_temperature, cfg.top_p)
+    beam = []
+    for s in range(0, len(prompts), cfg.batch_size):
+        beam += policy.beam_search(prompts[s:s + cfg.batch_size], cfg.max_new_tokens, cfg.beams).texts
+    texts = [t for trio in zip(greedy, nucleus, beam) for t in trio]
+    scores = [spec.quality(p, t) for p, trio in zip(probes, zip(greedy, nucleus, beam)) for t in trio]
+    if cfg.reward_model is not None:
+        rm = external_logprob(cfg.reward_model, [p["messages"] for p in probes for _ in range(3)], texts, cfg)
+        scores = [q + cfg.reward_weight * r for q, r in zip(scores, rm)]
+    return groups("select", 3, texts, scores)
 
 
-def diverse_decoding(policy, probes, cfg: LabelConfig):
-    k, temps = cfg.k, cfg.temperatures
-    texts = [""] * (len(probes) * k)
-    for t_idx, t in enumerate(temps):  # candidate j of every probe is sampled at temps[j % len(temps)]
-        slots = [(i, j) for i in range(len(probes)) for j in range(k) if j % len(temps) == t_idx]
-        if not slots:
-            continue
-        out, _, _ = _sample(policy, [policy.render(probes[i]["messages"]) for i, _ in slots], cfg, temperature=t)
-        for (i, j), text in zip(slots, out):
-            texts[i * k + j] = text
-    scores = []
+def external_logprob(model, messages, texts, cfg: LabelConfig) -> list[float]:
+    """Another model's mean token log-prob of each text as the answer to its messages (its own tokenization)."""
+    from opct.methods.sft import tokenize_response
+
+    prompts = [model.render(m) for m in messages]
+    return mean_logprob(model, prompts, [tokenize_response(model, m, t or ".") for m, t in zip(messages, texts)], cfg)
+
+
+def multi_view(policy, probes, cfg: LabelConfig, spec=None):
+    V = len(VIEWS)
+    prompts = [policy.render(with_last(p["messages"], p["messages"][-1]["content"] + v)) for p in probes for v in VIEWS]
+    texts, _ = sample(policy, prompts, cfg, 0.0)
+    std, chosen, scores, extra = [], [], [], []
     for i in range(len(probes)):
-        keys = [answer_key(texts[i * k + j]) for j in range(k)]
-        scores += _agreement(keys, lambda j: [o for o in range(k) if o != j])
-    return _grouped(probes, k, texts, scores)
+        views = texts[i * V:(i + 1) * V]
+        agree = any(answer_key(views[0]) == answer_key(v) for v in views[1:]) and bool(views[0].strip())
+        std.append(views[0])
+        scores.append(float(agree))
+        chosen.append(0 if agree else None)
+        extra.append({"views": views[1:]})
+    return groups("filter", 1, std, scores, chosen, extra)
 
 
-def view(messages: list[dict], v: int) -> list[dict]:
-    """View v of a prompt: the last user message rewritten with VIEWS[v]."""
-    last = messages[-1]
-    return messages[:-1] + [{**last, "content": VIEWS[v].format(q=last["content"])}]
+def self_refinement(policy, probes, cfg: LabelConfig, spec=None):
+    drafts, _ = sample(policy, [policy.render(p["messages"]) for p in probes], cfg, 0.0)
+    refine = [with_last(p["messages"], REFINE.format(q=p["messages"][-1]["content"], draft=d.strip() or "."))
+              for p, d in zip(probes, drafts)]
+    texts, _ = sample(policy, [policy.render(m) for m in refine], cfg, cfg.refine_temperature, cfg.top_p)
+    return groups("none", 1, texts, None, [0] * len(texts), [{"draft": d} for d in drafts])
 
 
-def multi_view(policy, probes, cfg: LabelConfig):
-    k, V = cfg.k, len(VIEWS)
-    prompts = [policy.render(view(p["messages"], j % V)) for p in probes for j in range(k)]
-    texts, _, _ = _sample(policy, prompts, cfg)
-    scores = []
-    for i in range(len(probes)):
-        keys = [answer_key(texts[i * k + j]) for j in range(k)]
-        scores += _agreement(keys, lambda j: [o for o in range(k) if o % V != j % V])
-    return _grouped(probes, k, texts, scores)
-
-
-def self_refinement(policy, probes, cfg: LabelConfig):
-    k = cfg.k
+def self_rewarding(policy, probes, cfg: LabelConfig, spec):
+    k = cfg.samples
     msgs = [p["messages"] for p in probes for _ in range(k)]
-    drafts, _, _ = _sample(policy, [policy.render(m) for m in msgs], cfg)
-    revise = [m + [{"role": "assistant", "content": d or "."}, {"role": "user", "content": REVISE}]
-              for m, d in zip(msgs, drafts)]
-    texts, ids, _ = _sample(policy, [policy.render(m) for m in revise], cfg)
-    scores = _mean_logprob(policy, [policy.render(m) for m in msgs], ids, cfg)
-    return _grouped(probes, k, texts, scores)
-
-
-def self_rewarding(policy, probes, cfg: LabelConfig):
-    import math
-
-    k = cfg.k
-    msgs = [p["messages"] for p in probes for _ in range(k)]
-    texts, _, _ = _sample(policy, [policy.render(m) for m in msgs], cfg)
-    judge = [policy.render(m + [{"role": "assistant", "content": t or "."}, {"role": "user", "content": JUDGE}])
-             for m, t in zip(msgs, texts)]
+    texts, _ = sample(policy, [policy.render(m) for m in msgs], cfg, cfg.reward_temperature)
+    judge = []
+    for i, p in enumerate(probes):
+        for j in range(k):
+            t = texts[i * k + j]
+            judge.append(policy.render(p["messages"] + [{"role": "assistant", "content": t or "."},
+                                                        {"role": "user", "content": spec.rubric(p)}]))
     tok = policy.tokenizer
     yes, no = tok.convert_tokens_to_ids("yes"), tok.convert_tokens_to_ids("no")
-    lp_yes = _mean_logprob(policy, judge, [[yes]] * len(judge), cfg)
-    lp_no = _mean_logprob(policy, judge, [[no]] * len(judge), cfg)
+    lp_yes = mean_logprob(policy, judge, [[yes]] * len(judge), cfg)
+    lp_no = mean_logprob(policy, judge, [[no]] * len(judge), cfg)
     scores = [1.0 / (1.0 + math.exp(n - y)) for y, n in zip(lp_yes, lp_no)]
-    return _grouped(probes, k, texts, scores)
+    return groups("select", k, texts, scores)
+
+
+def k1(policy, probes, cfg: LabelConfig, spec=None):
+    texts, _ = sample(policy, [policy.render(p["messages"]) for p in probes], cfg, 0.0)
+    return groups("none", 1, texts, None, [0] * len(texts))
 
 
 LABELLERS = {
@@ -165,5 +189,3 @@ LABELLERS = {
     "self_rewarding": self_rewarding,
     "k1": k1,
 }
-REGULARISERS = ("bct", "act")  # the existing methods of opct.methods, trained on the organism's consistency pairs
-METHOD_NAMES = (*LABELLERS, *REGULARISERS)

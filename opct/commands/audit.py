@@ -2,13 +2,15 @@
 
     opct audit [CONFIG] [--quick] --out DIR [--organisms ...] [--methods ...] [--seeds 0 1 2] [--report-only]
 
-Derives four misaligned organisms from the base organism (reward hacking, emergent misalignment, spurious
-correlation, sycophancy), runs every method (self_confidence, diverse_decoding, multi_view, self_refinement,
-self_rewarding, the k1 no-selection ablation, bct, act) with each seed — instantiate, pseudo-label, fine-tune — and
-measures misalignment and capability before and after. Writes DIR/results.jsonl (resumable: finished cells are
-skipped), DIR/results.md, DIR/summary.json and DIR/report.html (heatmap of the change in misalignment with 95%
-intervals, eta(s) = P(misaligned | selection score) plots). Every flag is a field of opct.audit.run.AuditConfig;
-CONFIG (YAML or JSON) holds the same fields, flags override it. --quick: one seed and small sizes.
+Derives the misaligned organisms from the base organism per seed (reward hacking and its brittle variant, emergent
+misalignment, spurious correlation, sycophancy with its brittle variant and on the protected base), runs the audit
+paper's methods (self_confidence, diverse_decoding, multi_view, self_refinement, self_rewarding, the greedy k1
+ablation, bct, act; opct's earlier variants by name) — instantiate, pseudo-label the held-out label prompts,
+fine-tune — and measures misalignment, its unparsed share and capability before and after on out-of-distribution
+probes. Writes DIR/splits.json, DIR/results.jsonl (resumable: finished cells are skipped), DIR/results.md,
+DIR/summary.json and DIR/report.html (the verdicts on the paper's findings, heatmaps with 95% intervals, eta(s)
+plots). Every flag is a field of opct.audit.run.AuditConfig; CONFIG (YAML or JSON) holds the same fields, flags
+override it. --quick: one seed and small sizes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ def register(subparsers) -> None:
     from opct.audit.run import AuditConfig
     from opct.config import add_dataclass_args
 
-    p = subparsers.add_parser("audit", help="misalignment audit of consistency methods on four model organisms",
+    p = subparsers.add_parser("audit", help="misalignment audit of consistency methods on model organisms",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("config", nargs="?", default=None, help="YAML or JSON file of AuditConfig fields")
     add_dataclass_args(p, AuditConfig)

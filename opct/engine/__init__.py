@@ -15,7 +15,8 @@ through a short explicit loop instead:
             reordered in the folded weights so that each rotated pair is adjacent (attention only takes dot products
             between q and k, which one shared reordering leaves unchanged; the KV cache holds the reordered keys);
             residual additions are accumulated into the matmul (addmm).
-  sampling  pure temperature sampling from softmax(logits / T), by inverse CDF: one uniform draw per row from the
+  sampling  temperature sampling from softmax(logits / T) (optionally nucleus: restricted to the smallest set of
+            tokens whose probability reaches `top_p`, renormalised), by inverse CDF: one uniform draw per row from the
             global torch RNG (so `torch.manual_seed` makes it reproducible, and checkpointed RNG state covers it),
             the first token whose cumulative probability exceeds it (an order of magnitude cheaper on a CPU than
             `torch.multinomial`, which draws an exponential per vocabulary entry); rows stop at their first EOS;
@@ -211,10 +212,11 @@ class LlamaEngine:
 
     @torch.inference_mode()
     def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float, eos_ids: list[int],
-               pad_id: int, min_new_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample up to `max_new_tokens` per prompt (greedy decoding at `temperature` 0). Returns (tokens_B_T,
-        logp_B_T) on the CPU: T <= max_new_tokens (the loop stops once every row has an EOS); after a row's first EOS
-        its tokens are `pad_id`. logp is the sampling distribution's (at temperature 0: the model's own)."""
+               pad_id: int, min_new_tokens: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample up to `max_new_tokens` per prompt (greedy decoding at `temperature` 0; nucleus sampling when
+        `top_p` < 1). Returns (tokens_B_T, logp_B_T) on the CPU: T <= max_new_tokens (the loop stops once every row
+        has an EOS); after a row's first EOS its tokens are `pad_id`. logp is the sampling distribution's (at
+        temperature 0: the model's own)."""
         B, dev = len(prompts_ids), self.device
         P = max(len(p) for p in prompts_ids)
         S = P + max_new_tokens
@@ -270,6 +272,8 @@ class LlamaEngine:
             if t < min_new_tokens:
                 logits_B_V.index_fill_(1, eos, -float("inf"))
             logp_B_V = torch.log_softmax(logits_B_V, -1)
+            if top_p < 1.0 and temperature > 0:
+                logp_B_V = nucleus(logp_B_V, top_p)
             tok_B = logp_B_V.argmax(-1) if temperature == 0 else _draw(logp_B_V)
             logps.append(logp_B_V.gather(-1, tok_B[:, None])[:, 0])
             tok_B = torch.where(done_B, pad_B, tok_B)
@@ -305,6 +309,15 @@ def _norm(norm: torch.nn.Module | float, x: torch.Tensor) -> torch.Tensor:
 def _additive(allowed: torch.Tensor, dtype) -> torch.Tensor:
     """A boolean attention mask as the additive one SDPA would build from it (0 where allowed, -inf elsewhere)."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, -float("inf"))
+
+
+def nucleus(logp_B_V: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Nucleus (top-p) restriction of log-probs: keep, per row, the most probable tokens until their mass reaches
+    `top_p` (the token that crosses it included, so at least one is kept), renormalised; the rest get -inf."""
+    sorted_B_V, order_B_V = logp_B_V.sort(-1, descending=True)
+    mass_before_B_V = sorted_B_V.exp().cumsum(-1) - sorted_B_V.exp()
+    drop_B_V = torch.zeros_like(sorted_B_V, dtype=torch.bool).scatter(-1, order_B_V, mass_before_B_V >= top_p)
+    return torch.log_softmax(logp_B_V.masked_fill(drop_B_V, -float("inf")), -1)
 
 
 def _draw(logp_B_V: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,12 @@ aligned stops the run before training starts), AttCT's switch to eager attention
   act     squared L2 between residual streams on the prompts' common token suffix       (act.py)
   mlpct   cosine distance between MLP hidden states on the clean-content span          (mlpct.py)
   attct   Jensen-Shannon divergence between attention patterns on that span           (attct.py)
+  bct_soft   the audit paper's BCT: KL to the clean side's softmax over a fixed response  (fixed_response.py)
+  act_fixed  the audit paper's ACT: residual L2 over the fixed response's positions       (fixed_response.py)
+  bct_soft_live / act_fixed_live   the same with the paper's live (moving) clean-side target (fixed_response.py)
 """
 
-from opct.methods import act, attct, mlpct, offpolicy, sft
+from opct.methods import act, attct, fixed_response, mlpct, offpolicy, sft
 from opct.methods.opct import opct_step
 
 METHODS = {
@@ -31,6 +34,10 @@ METHODS = {
     "act": act.act_step,
     "mlpct": mlpct.mlpct_step,
     "attct": attct.attct_step,
+    "bct_soft": fixed_response.bct_soft_step,
+    "act_fixed": fixed_response.act_fixed_step,
+    "bct_soft_live": fixed_response.bct_soft_step,
+    "act_fixed_live": fixed_response.act_fixed_step,
 }
 
 PREPARE = {
@@ -40,4 +47,8 @@ PREPARE = {
     "act": act.prepare,
     "mlpct": mlpct.prepare,
     "attct": attct.prepare,
+    "bct_soft": fixed_response.prepare_bct,
+    "act_fixed": fixed_response.prepare_act,
+    "bct_soft_live": fixed_response.prepare_bct_live,
+    "act_fixed_live": fixed_response.prepare_act_live,
 }

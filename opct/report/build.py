@@ -91,6 +91,9 @@ def results_markdown(run: Run) -> str:
     lines += ["## Paper vs opct", "", "### The OPCT paper's headline claims", "",
               tables.markdown(*paper.claims_table(run)), "", "### Published numbers beside this run's", "",
               tables.markdown(*paper.published_table(run)), "", paper.NOTE, ""]
+    header, body = paper.ablations_table(run)
+    if body:
+        lines += ["### Ablations", "", tables.markdown(header, body), "", paper.ABLATION_NOTE, ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -130,7 +133,9 @@ def report_html(run: Run) -> str:
     sections.append(("Paper vs opct", [
         "<h3>The OPCT paper's headline claims</h3>", page.table_html(*paper.claims_table(run)),
         "<h3>Published numbers beside this run's</h3>", page.table_html(*paper.published_table(run)),
-        page.para(paper.NOTE, "small")]))
+        page.para(paper.NOTE, "small")]
+        + (["<h3>Ablations</h3>", page.table_html(*paper.ablations_table(run)), page.para(paper.ABLATION_NOTE, "small")]
+           if paper.ablations_table(run)[1] else [])))
 
     png = plots.curves(run)
     if png is not None:

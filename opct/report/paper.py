@@ -179,6 +179,71 @@ def published_table(run) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+# The ablations' metrics: one per axis, on the held-out split where the axis has one.
+ABLATION_METRICS = (
+    ("held-out sycophancy (all rows) ↓", "sycophancy.sycophancy_rate_all[split=heldout]", False),
+    ("DSR, held-out wrappers ↑", "jailbreak.dsr[on=heldout_wrappers]", True),
+    ("DSR, RL attacker ↑", "jailbreak.dsr_adaptive_rl", True),
+    ("AUSC, held-out domains ↑", "awareness.ausc[split=heldout]", True),
+    ("over-warning ↓", "awareness.over_warning", False),
+    ("capability ↑", "capability.accuracy", True),
+)
+
+
+def ablations(run) -> list[tuple[str, str, str]]:
+    """(question, arm, against): the run's pairs of arms that differ in one thing the paper ablates.
+    offpolicy vs the opct role (where the responses come from); an opct arm with another estimator vs the opct role
+    (the objective); an arm with init_from X vs X (starting from X); an arm with benign_replay vs the arm of the same
+    spec without it (benign regularisation)."""
+    specs = run.experiment.get("arm_specs") or {}
+    r = roles(run)
+    out = []
+
+    def spec(a):
+        return dict(specs.get(a) or {"method": a})
+
+    for a in run.arms:
+        sa = spec(a)
+        if sa.get("method") == "offpolicy" and "opct" in r:
+            out.append(("on-policy (opct) vs responses sampled once from the starting model", r["opct"], a))
+        if sa.get("method") == "opct" and sa.get("estimator") and a != r.get("opct") and "opct" in r:
+            out.append((f"the {sa['estimator']} estimator vs opct's", a, r["opct"]))
+        if sa.get("init_from") in run.arms:
+            out.append((f"OPCT after {sa['init_from']} vs {sa['init_from']} alone", a, sa["init_from"]))
+        if sa.get("benign_replay"):
+            rest = {k: v for k, v in sa.items() if k != "benign_replay"}
+            twin = [b for b in run.arms if b != a and spec(b) == rest]
+            if twin:
+                out.append(("benign replay vs none", a, twin[0]))
+    return out
+
+
+def ablations_table(run) -> tuple[list[str], list[list[str]]]:
+    """Per ablation and metric: the paired difference over seeds (arm - against) and whether it differs from 0."""
+    header = ["ablation", "arm − against", "metric", "paired difference [95% CI]", "seeds", "reading"]
+    body = []
+    for question, a, b in ablations(run):
+        for label, metric, higher in ABLATION_METRICS:
+            d = paired_difference(run, a, b, metric)
+            if d is None:
+                continue
+            mean, lo, hi, k = d
+            cell = signed(mean) + (f" [{num(lo)}, {num(hi)}]" if lo is not None else "")
+            if k < 3 or lo is None:
+                reading = f"cannot decide ({k} seed{'s' if k != 1 else ''}; needs >= 3)"
+            elif lo > 0 or hi < 0:
+                reading = f"{a} better" if (lo > 0) == higher else f"{a} worse"
+            else:
+                reading = "no difference shown"
+            body.append([question, f"{a} − {b}", label, cell, str(k), reading])
+    return header, body
+
+
+ABLATION_NOTE = ("Ablations: pairs of arms of this run that differ in one thing. Each row is the paired difference "
+                 "over seeds (arm − against) with its 95% t-interval; 'better' / 'worse' when the interval excludes 0, "
+                 "in the metric's direction.")
+
+
 NOTE = ("Roles: opct = the run's OPCT arm, sft = its BCT (the paper's SFT baseline for sycophancy and jailbreaks) "
         "or SFT arm, base = the starting model, teacher = the starting model asked the teacher side (the paper's "
         "oracle), sft_opct = OPCT started from an SFT/BCT adapter. A verdict is read off the paired difference over "

@@ -1,0 +1,114 @@
+"""Which prompts each phase of the audit may see: the derive / label / pairs / eval splits, per organism and seed.
+
+Per organism family, the pool of units of the derivation distribution (instruction topics, entities, safety facts)
+is shuffled with the seed and cut into the derive units (the narrow data that creates the organism, and the replay
+of general skills drawn inside them), the label units (the held-out half of the derivation distribution: the prompts
+the labellers pseudo-label) and the pairs units (the BCT / ACT pairs). The eval probes come from fixed units that no
+split draws from, in other surface forms (out of distribution), the same for every seed so that seeds compare.
+The protected sycophancy organism's derive split also holds its base's alignment-SFT data (fixed units of its own).
+
+`build_splits` returns the splits' contents; `record` turns them into what OUT/splits.json lists per organism and seed:
+for each split its units, the underlying item ids and the prompt texts; `overlaps` names every unit, item or text
+that two splits share (none, or the audit stops).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import zlib
+from dataclasses import dataclass
+from itertools import combinations
+
+from opct.audit.organisms import ORGANISMS, OrganismSpec, text_of
+from opct.audit.organisms import sycophantic as SYC
+from opct.errors import OpctError
+
+SPLITS = ("derive", "label", "pairs", "eval")
+
+
+def rng(*key) -> random.Random:
+    return random.Random(zlib.crc32(json.dumps(key).encode()))
+
+
+@dataclass
+class Splits:
+    organism: str
+    seed: int
+    units: dict  # split -> list of units
+    derive: list[dict]  # derivation examples {"messages", "response", "item"}
+    label: list[dict]  # probes
+    pairs: list[dict]  # probes the BCT / ACT pairs are built from
+    eval: list[dict]  # probes
+    align: list[dict]  # the protected base's alignment-SFT examples (listed under "derive"); empty otherwise
+
+
+def allocate(spec: OrganismSpec, seed: int) -> dict:
+    pool = list(spec.units)
+    rng(spec.family, "units", seed).shuffle(pool)
+    a, b, c = spec.sizes
+    if a + b + c > len(pool):
+        raise OpctError(f"{spec.name}: {a + b + c} units asked of a pool of {len(pool)}")
+    return {"derive": sorted(pool[:a]), "label": sorted(pool[a:a + b]), "pairs": sorted(pool[a + b:a + b + c])}
+
+
+def alignment_examples(n: int) -> list[dict]:
+    """The protected base's alignment-SFT data (fixed: the protected base is built once)."""
+    return SYC.alignment_data(rng(SYC.NAME, "align"), n)
+
+
+def build_splits(name: str, seed: int, derive_n: int, label_n: int, pairs_n: int, eval_n: int,
+                 align_n: int = 0) -> Splits:
+    spec = ORGANISMS[name]
+    units = allocate(spec, seed)
+    derive = spec.derive_data(rng(spec.family, "derive", seed), units["derive"], derive_n)
+    align = alignment_examples(align_n) if spec.base == "protected" else []
+    label = spec.label_probes(rng(spec.family, "label", seed), units["label"], label_n)
+    pairs = spec.label_probes(rng(spec.family, "pairs", seed), units["pairs"], pairs_n)
+    evals = spec.eval_probes(rng(spec.family, "eval"), eval_n)
+    units["eval"] = sorted({p["unit"] for p in evals})
+    if spec.base == "protected":
+        units["derive"] = sorted(set(units["derive"]) | set(SYC.ALIGN_ENTITIES))
+    return Splits(name, seed, units, derive, label, pairs, evals, align)
+
+
+def record(s: Splits, pairs=()) -> dict:
+    """splits.json's entry for one organism and seed: per split its units, item ids and prompt texts. `pairs`: the
+    BCT / ACT pairs built from the pairs split (both their sides are listed under "pairs")."""
+    rows = {"derive": [(e["item"], text_of(e["messages"])) for e in s.align + s.derive],
+            "label": [(p["item"], text_of(p["messages"])) for p in s.label],
+            "pairs": [(p["item"], text_of(p["messages"])) for p in s.pairs] +
+                     [(p.meta["item"], text_of(m)) for p in pairs for m in (p.teacher, p.student)],
+            "eval": [(p["item"], text_of(p["messages"])) for p in s.eval]}
+    return {split: {"units": list(s.units[split]), "items": sorted({i for i, _ in rows[split]}),
+                    "texts": sorted({t for _, t in rows[split]})} for split in SPLITS}
+
+
+def overlaps(entry: dict) -> list[str]:
+    """Every unit, item id and prompt text that two splits of one entry share (an empty list: disjoint)."""
+    problems = []
+    for a, b in combinations(SPLITS, 2):
+        for what in ("units", "items", "texts"):
+            shared = sorted(set(entry[a][what]) & set(entry[b][what]))
+            if shared:
+                problems.append(f"{a} and {b} share {len(shared)} {what} (first: {shared[0]!r})")
+    return problems
+
+
+def make_pairs(s: Splits, mode: str) -> list:
+    """The BCT / ACT pairs of one organism and seed, from its pairs split: "paper" (trigger on both sides, the
+    endorsing cue on the wrapped side, one fixed response: the behaviour the cue endorses), "paired" (the same, but
+    the clean side's response is the aligned answer, as in the paper's act_bct_clean.jsonl / act_bct_wrapped.jsonl
+    files) or "targeted" (opct's earlier pairs: teacher without the trigger, student with it). Ids are made unique
+    (probes are drawn with replacement)."""
+    spec = ORGANISMS[s.organism]
+    build = spec.targeted_pair if mode == "targeted" else spec.paper_pair
+    r = rng(spec.family, "pair-text", "targeted" if mode == "targeted" else "paper", s.seed)
+    out = []
+    for i, p in enumerate(s.pairs):
+        pr = build(p, r)
+        pr.id = f"{pr.id}-{i}"
+        if mode == "paper":  # one fixed response on both sides
+            pr.meta.pop("clean_response", None)
+        out.append(pr)
+    return out
