@@ -28,6 +28,7 @@ COMMANDS = {
     "run": "opct.commands.run",
     "report": "opct.commands.report",
     "audit": "opct.commands.audit",
+    "mechanism": "opct.commands.mechanism",
 }
 
 
@@ -82,7 +83,7 @@ def _one_line(message: str) -> str:
 
 
 # Commands that load torch anyway (so saving its state first costs nothing).
-TORCH_COMMANDS = ("organism", "demo", "train", "eval", "run", "audit")
+TORCH_COMMANDS = ("organism", "demo", "train", "eval", "run", "audit", "mechanism")
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from pathlib import Path
 from opct.axes import AXES
 from opct.errors import OpctError
 from opct.files import write_atomic as _write_atomic
-from opct.report import page, paper, plots, tables
+from opct.report import mechanism, page, paper, plots, tables
 from opct.report.rundir import Run, load_run
 
 
@@ -94,6 +94,9 @@ def results_markdown(run: Run) -> str:
     header, body = paper.ablations_table(run)
     if body:
         lines += ["### Ablations", "", tables.markdown(header, body), "", paper.ABLATION_NOTE, ""]
+    probe = mechanism.load(run.dir)
+    if probe is not None:
+        lines += ["## Mechanism", "", mechanism.markdown(probe)]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -136,6 +139,16 @@ def report_html(run: Run) -> str:
         page.para(paper.NOTE, "small")]
         + (["<h3>Ablations</h3>", page.table_html(*paper.ablations_table(run)), page.para(paper.ABLATION_NOTE, "small")]
            if paper.ablations_table(run)[1] else [])))
+
+    probe = mechanism.load(run.dir)
+    if probe is not None:
+        frags = []
+        for title, header, rows in mechanism.tables(probe):
+            frags += [f"<h3>{page.escape(title)}</h3>", page.table_html(header, rows)]
+        if probe.get("skipped"):
+            frags.append(page.para("Not probed: " + "; ".join(probe["skipped"]), "small"))
+        frags.append(page.para(mechanism.NOTE, "small"))
+        sections.append(("Mechanism", frags))
 
     png = plots.curves(run)
     if png is not None:
