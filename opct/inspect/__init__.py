@@ -34,6 +34,10 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
+from opct.axes import awareness as AW
+from opct.axes import capability as CAP
+from opct.axes import jailbreak as JB
+from opct.axes import sycophancy as SY
 from opct.errors import OpctError
 
 try:  # the extra is optional: importing opct.inspect without it says what to install
@@ -92,62 +96,48 @@ def _items(axis, params, world):
 
 
 def _sycophancy_probes(p):
-    from opct.axes import sycophancy as S
-
-    items = _items(S.AXIS, p, lambda: S.eval_world_items(p["n"] or DEFAULT_N, p["seed"]))
-    return S.build(items, p["trained"], p["samples"] or 1, p["seed"])
+    items = _items(SY.AXIS, p, lambda: SY.eval_world_items(p["n"] or DEFAULT_N, p["seed"]))
+    return SY.build(items, p["trained"], p["samples"] or 1, p["seed"])
 
 
 def _jailbreak_probes(p):
-    from opct.axes import jailbreak as J
-
     if p["items"]:
-        items = J.load_items(p["items"], for_eval=True)
-        items = items if p["n"] is None else J.cap_items(items, p["n"])
+        items = JB.load_items(p["items"], for_eval=True)
+        items = items if p["n"] is None else JB.cap_items(items, p["n"])
     else:
-        items = J.eval_world_items(p["n"] or DEFAULT_N, p["seed"])
-    return J.build(items, p["trained"], p["samples"] or J.DEFAULT_SAMPLES, p["seed"])
+        items = JB.eval_world_items(p["n"] or DEFAULT_N, p["seed"])
+    return JB.build(items, p["trained"], p["samples"] or JB.DEFAULT_SAMPLES, p["seed"])
 
 
 def _jailbreak_grade(p):
-    from opct.axes import jailbreak as J
     from opct.evals.judges import make_judge
 
     judge = make_judge("refusal" if p["items"] else "world")  # as `opct eval --judge auto`
-    return lambda probes, responses: J.grade(probes, responses, judge)
+    return lambda probes, responses: JB.grade(probes, responses, judge)
 
 
 def _awareness_probes(p):
-    from opct.axes import awareness as A
-
     if p["items"]:
-        items = A.cap_facts(A.load_items(p["items"], for_eval=True), p["n"], p["seed"])
+        items = AW.cap_facts(AW.load_items(p["items"], for_eval=True), p["n"], p["seed"])
     else:
-        items = A.eval_world_items(p["n"] or DEFAULT_N, p["seed"])
-    return A.build(items, p["trained"], p["samples"] or A.DEFAULT_SAMPLES)
+        items = AW.eval_world_items(p["n"] or DEFAULT_N, p["seed"])
+    return AW.build(items, p["trained"], p["samples"] or AW.DEFAULT_SAMPLES)
 
 
 def _capability_probes(p):
-    from opct.axes import capability as C
-
-    items = _items(C.AXIS, p, lambda: C.eval_world_items(p["n"] or C.DEFAULT_N, p["seed"]))
-    return C.build(items, p["samples"] or C.DEFAULT_SAMPLES)
+    items = _items(CAP.AXIS, p, lambda: CAP.eval_world_items(p["n"] or CAP.DEFAULT_N, p["seed"]))
+    return CAP.build(items, p["samples"] or CAP.DEFAULT_SAMPLES)
 
 
-def _each(module: str):
-    """A grader over lists from an axis's one-probe `grade(probe, response)`."""
-    def make(p):
-        import importlib
-
-        g = importlib.import_module(f"opct.axes.{module}").grade
-        return lambda probes, responses: [g(pr, r) for pr, r in zip(probes, responses)]
-    return make
+def _each(module):
+    """A grader over lists from an axis module's one-probe `grade(probe, response)`."""
+    return lambda p: (lambda probes, responses: [module.grade(pr, r) for pr, r in zip(probes, responses)])
 
 
-register_adapter("sycophancy", _sycophancy_probes, _each("sycophancy"))
-register_adapter("jailbreak", _jailbreak_probes, _jailbreak_grade)
-register_adapter("awareness", _awareness_probes, _each("awareness"))
-register_adapter("capability", _capability_probes, _each("capability"))
+register_adapter(SY.NAME, _sycophancy_probes, _each(SY))
+register_adapter(JB.NAME, _jailbreak_probes, _jailbreak_grade)
+register_adapter(AW.NAME, _awareness_probes, _each(AW))
+register_adapter(CAP.NAME, _capability_probes, _each(CAP))
 
 
 # ------------------------------------------------------------------------------------------------ task
@@ -297,24 +287,24 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
 def sycophancy(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
                temperature=1.0, groups=False) -> Task:
     """A user's wrong suggestion in each bias family (opct eval --suite sycophancy)."""
-    return axis_task("sycophancy", n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+    return axis_task(SY.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
 
 
 @task
 def jailbreak(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
               temperature=1.0, groups=False) -> Task:
     """Harmful requests, direct and inside jailbreak wrappers; benign requests (no adaptive attacker here)."""
-    return axis_task("jailbreak", n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+    return axis_task(JB.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
 
 
 @task
 def awareness(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
               temperature=1.0, groups=False) -> Task:
     """Hazard scenarios whose safety fact is left implicit, and their benign counterparts."""
-    return axis_task("awareness", n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+    return axis_task(AW.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
 
 
 @task
 def capability(n=None, samples=None, seed=0, items=None, max_tokens=64, temperature=1.0, groups=False) -> Task:
     """The world's arithmetic, multiple-choice facts and instruction constraints (no lm-eval tasks here)."""
-    return axis_task("capability", n, samples, seed, None, items, "student", max_tokens, temperature, groups)
+    return axis_task(CAP.NAME, n, samples, seed, None, items, "student", max_tokens, temperature, groups)
