@@ -252,6 +252,11 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     out = Path(config.out)
     trackers = _trackers(config)
     acc = Accelerator(log_with=trackers or None, project_dir=str(out / "trackers"))
+    sharded = str(acc.distributed_type).rsplit(".", 1)[-1]
+    if sharded in ("DEEPSPEED", "FSDP"):  # launched with --use_deepspeed / --use_fsdp (README: "Not yet")
+        raise OpctError(f"accelerate launched this run with {sharded}: opct does not support sharded optimizer state "
+                        f"yet (its checkpoints would save only the main process's shard); launch with DDP "
+                        f"(`accelerate launch --multi_gpu`) instead")
     if acc.is_main_process:  # one lock per run, taken by the main process (DDP ranks share the directory)
         held.enter_context(files.dir_lock(out, "training run"))
     _prepare_run_dir(out, config, acc.is_main_process)
