@@ -61,6 +61,8 @@ def curves_png(agg: list[dict], study: str, axis: str) -> bytes | None:
     """One panel per metric with a numeric x taking two or more values: mean and 95% band per method/condition."""
     from opct.report.plots import _figure, _png, arm_colors
 
+    base = {r["metric"]: r["mean"] for r in agg if r["study"] == study and r["axis"] == axis and r["method"] == "base"
+            and r["mean"] is not None}
     rows = [r for r in agg if r["study"] == study and r["axis"] == axis and r["x"] is not None]
     lines: dict = {}
     for r in rows:
@@ -89,6 +91,14 @@ def curves_png(agg: list[dict], study: str, axis: str) -> bytes | None:
             if band:
                 ax.fill_between([b[0] for b in band], [b[1] for b in band], [b[2] for b in band],
                                 color=colors[label], alpha=0.15, lw=0)
+        if metric in base:  # the starting model, for reference
+            ax.axhline(base[metric], color="0.4", ls="--", lw=1, label="base")
+        if metric.startswith("wash_fraction"):  # 0: intact, 1: back at the base model
+            for y in (0.0, 1.0):
+                ax.axhline(y, color="0.6", ls=":", lw=1)
+        if not ax.lines:
+            ax.text(0.5, 0.5, "undefined in every seed", ha="center", va="center", transform=ax.transAxes,
+                    fontsize=8, color="0.4")
         ax.set_title(_label(metric, rows), fontsize=8)
         ax.set_xlabel("x (wash: benign SFT examples)" if study == "washout" else "x", fontsize=8)
         ax.tick_params(labelsize=7)
