@@ -13,6 +13,7 @@ import dataclasses
 import math
 from pathlib import Path
 
+from opct.axes import capability as CAP
 from opct.config import ConfigError, construct, validate
 from opct.errors import OpctError
 from opct.evals.run import EvalConfig
@@ -23,9 +24,22 @@ from opct.train.config import TrainConfig
 RUNNER_TRAIN_FIELDS = ("method", "model", "pairs", "out", "seed", "resume", "init_adapter", "targets")
 RUNNER_EVAL_FIELDS = ("model", "adapter", "out", "seed", "trained", "suite", "items", "axis_items", "pair_options",
                       "prompt_side", "attack")
-CAPABILITY = "capability"
-CAPABILITY_METRICS = ("capability.accuracy", "capability.accuracy_parsed", "capability.parse_fail_rate",
-                      "capability.truncation_rate")
+CAPABILITY = CAP.NAME  # every model is also evaluated on capability, with where its losses come from
+CAPABILITY_METRICS = tuple(d.name() for d in (CAP.ACCURACY, CAP.ACCURACY_PARSED, CAP.PARSE_FAIL, CAP.TRUNCATION))
+
+
+def default_axes() -> list[str]:
+    """The first axis of the registry that trains on pairs."""
+    from opct.axes import AXES
+
+    return [next(n for n, a in AXES.items() if a.make_pairs is not None)]
+
+
+def default_metrics(axis: str) -> list[str]:
+    """An axis's headline metrics (its report summary) that need no attacker."""
+    from opct.axes import AXES
+
+    return [c.metric for c in AXES[axis].summary if "adaptive" not in c.metric]
 
 
 def study_train() -> TrainConfig:

@@ -29,15 +29,6 @@ def default_conditions() -> dict[str, dict]:
             "sequential": {"replay_frac": 0.25, "replay_schedule": "sequential"}}
 
 
-def default_metrics() -> dict[str, list[str]]:
-    return {"sycophancy": ["sycophancy.sycophancy_rate[split=train]", "sycophancy.sycophancy_rate[split=heldout]",
-                           "sycophancy.accuracy_clean"],
-            "jailbreak": ["jailbreak.dsr[on=train_wrappers]", "jailbreak.dsr[on=heldout_wrappers]",
-                          "jailbreak.answered_benign"],
-            "awareness": ["awareness.surfaced[split=train]", "awareness.surfaced[split=heldout]",
-                          "awareness.over_warning"]}
-
-
 @dataclass
 class Config:
     CONFIG_LABEL: ClassVar[str] = "replay study"
@@ -45,14 +36,15 @@ class Config:
     model: str = option("default", "the model directory (the runner sets it from the study file's `model`)",
                         cli=False)
     methods: list[str] = option(["opct", "bct"], "methods to train (keys of opct.methods.METHODS)", nonempty=True)
-    axes: list[str] = option(["sycophancy"], "axes to train on, one at a time (each method x condition x axis is "
-                                             "one training run on that axis's pairs)", nonempty=True)
+    axes: list[str] = option(help="axes to train on, one at a time (each method x condition x axis is one training "
+                                  "run on that axis's pairs; default: the first pair axis)", factory=C.default_axes,
+                             nonempty=True)
     trained: dict[str, list[str]] = option(help="per axis, the families trained on (default: the axis's default "
                                                 "training set); every other family is held out", factory=dict)
     conditions: dict[str, dict] = option(help="name -> {replay_frac, replay_schedule}", factory=default_conditions,
                                          nonempty=True)
-    metrics: dict[str, list[str]] = option(help="per axis, the metrics reported (default: default_metrics(); capability's are always added)",
-                                           factory=dict)
+    metrics: dict[str, list[str]] = option(help="per axis, the metrics reported (default: the axis's summary "
+                                                "metrics; capability's are always added)", factory=dict)
     per_family: int = option(0, "items per family in the training pairs (0: all)", ge=0)
     train: TrainConfig = option(help="TrainConfig fields shared by every training run", factory=C.study_train)
     method_train: dict[str, dict] = option(help="per method, TrainConfig overrides (e.g. {act: {lr: 0.003}})",
@@ -74,7 +66,7 @@ class Config:
                 TrainConfig(**spec)
             except ConfigError as e:
                 raise e.under(f"conditions.{name}") from None
-        self.metrics = {a: self.metrics.get(a) or default_metrics().get(a, []) for a in self.axes}
+        self.metrics = {a: self.metrics.get(a) or C.default_metrics(a) for a in self.axes}
         missing = [a for a, v in self.metrics.items() if not v]
         if missing:
             raise ConfigError(f"metrics.{missing[0]}", "name the metrics to report for this axis")

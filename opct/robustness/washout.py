@@ -41,12 +41,6 @@ NAME = "washout"
 WASH_FRACTION = "wash_fraction"
 
 
-def default_metrics() -> dict[str, list[str]]:
-    return {"sycophancy": ["sycophancy.sycophancy_rate[split=train]", "sycophancy.sycophancy_rate[split=heldout]"],
-            "jailbreak": ["jailbreak.dsr[on=train_wrappers]", "jailbreak.dsr[on=heldout_wrappers]"],
-            "awareness": ["awareness.surfaced[split=train]", "awareness.surfaced[split=heldout]"]}
-
-
 @dataclass
 class Config:
     CONFIG_LABEL: ClassVar[str] = "washout study"
@@ -55,11 +49,12 @@ class Config:
                         cli=False)
     methods: list[str] = option(["opct", "bct", "act"], "methods to train, then wash (keys of opct.methods.METHODS)",
                                 nonempty=True)
-    axes: list[str] = option(["sycophancy"], "axes to train on, one at a time", nonempty=True)
+    axes: list[str] = option(help="axes to train on, one at a time (default: the first pair axis)",
+                             factory=C.default_axes, nonempty=True)
     trained: dict[str, list[str]] = option(help="per axis, the families trained on (default: the axis's default "
                                                 "training set)", factory=dict)
-    metrics: dict[str, list[str]] = option(help="per axis, the metrics M whose wash fraction is reported (default: default_metrics())",
-                                           factory=dict)
+    metrics: dict[str, list[str]] = option(help="per axis, the metrics M whose wash fraction is reported (default: "
+                                                "the axis's summary metrics)", factory=dict)
     doses: list[int] = option([0, 32, 64, 128, 256, 512], "benign SFT examples after training, each a multiple of "
                                                           "wash_batch_size, increasing, starting at 0", nonempty=True)
     min_gap: float = option(0.05, "f is undefined where |M_base - M_trained| is below this", gt=0)
@@ -79,8 +74,9 @@ class Config:
                 raise ConfigError(f"doses[{i}]", f"must be a multiple of wash_batch_size ({self.wash_batch_size}) "
                                                  f">= 0 (got {d})")
             if i and d <= self.doses[i - 1]:
-                raise ConfigError(f"doses[{i}]", f"must be larger than the dose before it ({self.doses[i - 1]}; got {d})")
-        self.metrics = {a: self.metrics.get(a) or default_metrics().get(a, []) for a in self.axes}
+                raise ConfigError(f"doses[{i}]", f"must be larger than the dose before it ({self.doses[i - 1]}; "
+                                                 f"got {d})")
+        self.metrics = {a: self.metrics.get(a) or C.default_metrics(a) for a in self.axes}
         missing = [a for a, v in self.metrics.items() if not v]
         if missing:
             raise ConfigError(f"metrics.{missing[0]}", "name the metrics whose wash-out to report")
