@@ -3,6 +3,7 @@
     opct run configs/demo.yaml                 # what `make demo` runs (also the defaults: `opct run`)
     opct run configs/paper.yaml                # every arm, three seeds, full item counts
     opct run configs/demo.yaml --arms base opct act --name my-demo
+    opct run configs/robustness.yaml [--quick] # a file with `kind: robustness`: the studies of opct.robustness
 
 Every flag is a field of `opct.experiment.ExperimentConfig` (see configs/demo.yaml for the file form; `train`,
 `eval` and `attack` are mappings of TrainConfig / EvalConfig / AttackConfig fields and live in the file only, as do
@@ -23,7 +24,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("run", help="run an experiment: base, OPCT and baselines trained and evaluated, "
                                           "then the report", description=__doc__.split("\n\n")[0])
-    p.add_argument("experiment", nargs="?", default=None, help="experiment file (YAML or JSON); default: the demo")
+    p.add_argument("experiment", nargs="?", default=None, help="experiment file (YAML or JSON), or a robustness file (kind: "
+                                                                "robustness); default: the demo")
     add_dataclass_args(p, ExperimentConfig)
     p.add_argument("--quick", action="store_true", default=argparse.SUPPRESS,
                    help="robustness files only (kind: robustness): each study's smaller QUICK sizes, written under "
