@@ -24,8 +24,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("run", help="run an experiment: base, OPCT and baselines trained and evaluated, "
                                           "then the report", description=__doc__.split("\n\n")[0])
-    p.add_argument("experiment", nargs="?", default=None, help="experiment file (YAML or JSON), or a robustness file (kind: "
-                                                                "robustness); default: the demo")
+    p.add_argument("experiment", nargs="?", default=None,
+                   help="experiment file (YAML or JSON), or a robustness file (kind: robustness); default: the demo")
     add_dataclass_args(p, ExperimentConfig)
     p.add_argument("--quick", action="store_true", default=argparse.SUPPRESS,
                    help="robustness files only (kind: robustness): each study's smaller QUICK sizes, written under "
