@@ -11,7 +11,11 @@ option (multiple choice), or the constraints (instructions):
    {"repeat", "count"})}, optional "skill".
 
 Metric per skill: `accuracy[skill=...]` and overall `accuracy`. An unparsed answer counts as wrong — a model that
-stops answering has lost capability — and the count of unparsed answers is reported. On real checkpoints, the
+stops answering has lost capability — and the count of unparsed answers is reported. Where the loss comes from is
+measured too (the SFT-lessons paper found capability lost through termination, not through wrong parsed answers):
+`parse_fail_rate` (share of responses with no answer to grade; instructions always grade), `truncation_rate` (share
+cut by max_new_tokens before the end of the turn) and `accuracy_parsed` (accuracy among parsed answers), overall and
+per skill. On real checkpoints, the
 standard benchmarks run through the optional bridge to lm-evaluation-harness (`opct.evals.lm_eval_bridge`).
 """
 
@@ -23,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from opct.axes.base import ANSWER, STRING, Axis, EvalContext, ItemField, MetricDef, groups_of, load_item_file, where_of
 from opct.errors import DataError
-from opct.evals.generate import generate
+from opct.evals.generate import generate_flagged
 from opct.evals.metrics import rate, values, where
 from opct.report.spec import Column, Table
 from opct.world import judges as J
@@ -139,9 +143,9 @@ def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     else:
         items = ctx.items if cfg.n is None else ctx.items[:cfg.n]
     probes = build(items, cfg.samples or DEFAULT_SAMPLES)
-    responses = generate(policy, [p["prompt"] for p in probes], ctx.gen, cfg.seed, desc=NAME,
-                         where=[p["where"] for p in probes])
-    records = [grade(p, r) for p, r in zip(probes, responses)]
+    responses = generate_flagged(policy, [p["prompt"] for p in probes], ctx.gen, cfg.seed, desc=NAME,
+                                 where=[p["where"] for p in probes])
+    records = [dict(grade(p, r), truncated=cut) for p, (r, cut) in zip(probes, responses)]
     if cfg.lm_eval:
         from opct.evals.lm_eval_bridge import run_lm_eval
 
@@ -163,10 +167,37 @@ def accuracy(records, seed: int = 0, **group) -> dict:
                 higher_is_better=ACCURACY.higher_is_better, unparsed_as_miss=True, seed=seed)
 
 
+PARSE_FAIL = MetricDef(NAME, "parse_fail_rate", "unparsed", False, "share of responses with no answer to grade")
+TRUNCATION = MetricDef(NAME, "truncation_rate", "truncated", False,
+                       "share of responses cut by max_new_tokens before the end of the turn")
+ACCURACY_PARSED = MetricDef(NAME, "accuracy_parsed", "accuracy, parsed", True,
+                            "share graded correct among the responses that gave an answer")
+
+
+def parse_fail_rate(records, seed: int = 0, **group) -> dict:
+    rows = where(records, suite=NAME, **group)
+    return rate(rows, lambda r: r["verdict"] == "parse_fail", higher_is_better=PARSE_FAIL.higher_is_better, seed=seed)
+
+
+def truncation_rate(records, seed: int = 0, **group) -> dict:
+    """Records written before the flag existed have no `truncated`: they are left out (n says how many count)."""
+    rows = [r for r in where(records, suite=NAME, **group) if isinstance(r.get("truncated"), bool)]
+    return rate(rows, lambda r: r["truncated"], higher_is_better=TRUNCATION.higher_is_better, seed=seed)
+
+
+def accuracy_parsed(records, seed: int = 0, **group) -> dict:
+    rows = where(records, suite=NAME, **group)
+    return rate(rows, lambda r: None if r["verdict"] == "parse_fail" else r["verdict"] == "correct",
+                higher_is_better=ACCURACY_PARSED.higher_is_better, seed=seed)
+
+
 def metrics(records, seed: int = 0) -> dict:
-    out = {ACCURACY.name(): accuracy(records, seed)}
-    for skill in values(where(records, suite=NAME), "skill"):
-        out[ACCURACY.name(skill=skill)] = accuracy(records, seed, skill=skill)
+    out = {}
+    for group in [{}] + [{"skill": s} for s in values(where(records, suite=NAME), "skill")]:
+        out[ACCURACY.name(**group)] = accuracy(records, seed, **group)
+        out[ACCURACY_PARSED.name(**group)] = accuracy_parsed(records, seed, **group)
+        out[PARSE_FAIL.name(**group)] = parse_fail_rate(records, seed, **group)
+        out[TRUNCATION.name(**group)] = truncation_rate(records, seed, **group)
     return out
 
 
@@ -178,7 +209,14 @@ def tables(names, trained) -> list[Table]:
     return [Table("capability", "Capability (change from base in parentheses)",
                   [ACCURACY.column("all", delta=True)]
                   + [ACCURACY.column(s.replace("_", " "), delta=True, skill=s) for s in skills]
-                  + [Column(n[len(f"{NAME}.lm_eval["):-1], n, None, delta=True) for n in lm_eval])]
+                  + [Column(n[len(f"{NAME}.lm_eval["):-1], n, None, delta=True) for n in lm_eval]),
+            Table("capability_termination", "Capability: where it is lost (unparsed and truncated answers)",
+                  [ACCURACY_PARSED.column("accuracy, parsed answers", delta=True),
+                   PARSE_FAIL.column("unparsed", delta=True), TRUNCATION.column("truncated", delta=True)]
+                  + [PARSE_FAIL.column(f"unparsed, {s.replace('_', ' ')}", skill=s) for s in skills
+                     if s != "instructions"],
+                  "unparsed: no answer to grade (counted wrong in accuracy); truncated: cut by max_new_tokens "
+                  "before the end of the turn.")]
 
 
 AXIS = Axis(

@@ -14,7 +14,22 @@ def register(sub) -> None:
 
 
 def _report(args) -> int:
+    from pathlib import Path
+
     from opct.report import build_report, load_run, summary_text
+
+    if (Path(args.run) / "study.json").exists():  # a robustness run (`opct run FILE` with kind: robustness)
+        from opct.robustness.report import build
+        from opct.robustness.runner import write_aggregate
+
+        if args.out:
+            from opct.errors import OpctError
+
+            raise OpctError("--out: a robustness run's report is written into its own directory")
+        write_aggregate(Path(args.run))
+        html, md = build(args.run)
+        print(f"opct report: {md} and {html}")
+        return 0
 
     run = load_run(args.run)
     html, md = build_report(run, args.out)

@@ -3,6 +3,7 @@
     opct run configs/demo.yaml                 # what `make demo` runs (also the defaults: `opct run`)
     opct run configs/paper.yaml                # every arm, three seeds, full item counts
     opct run configs/demo.yaml --arms base opct act --name my-demo
+    opct run configs/robustness.yaml [--quick] # a file with `kind: robustness`: the studies of opct.robustness
 
 Every flag is a field of `opct.experiment.ExperimentConfig` (see configs/demo.yaml for the file form; `train`,
 `eval` and `attack` are mappings of TrainConfig / EvalConfig / AttackConfig fields and live in the file only, as do
@@ -12,6 +13,10 @@ resumes an interrupted experiment. `opct report OUT/NAME` rebuilds the report fr
 
 from __future__ import annotations
 
+import argparse
+
+from opct.errors import OpctError
+
 
 def register(subparsers) -> None:
     from opct.config import add_dataclass_args
@@ -19,15 +24,56 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("run", help="run an experiment: base, OPCT and baselines trained and evaluated, "
                                           "then the report", description=__doc__.split("\n\n")[0])
-    p.add_argument("experiment", nargs="?", default=None, help="experiment file (YAML or JSON); default: the demo")
+    p.add_argument("experiment", nargs="?", default=None,
+                   help="experiment file (YAML or JSON), or a robustness file (kind: robustness); default: the demo")
     add_dataclass_args(p, ExperimentConfig)
+    p.add_argument("--quick", action="store_true", default=argparse.SUPPRESS,
+                   help="robustness files only (kind: robustness): each study's smaller QUICK sizes, written under "
+                        "NAME-quick")
     p.set_defaults(func=run)
+
+
+# The flags a robustness file (kind: robustness) takes; the other flags are an experiment's.
+ROBUSTNESS_FLAGS = ("name", "model", "out", "seeds", "threads", "note", "report", "quick")
 
 
 def run(args) -> int:
     from opct.experiment import load_experiment
 
+    if args.experiment and _is_robustness(args.experiment):
+        return run_robustness_file(args)
+    if "quick" in vars(args):
+        raise OpctError("--quick is for robustness files (kind: robustness); an experiment has no quick sizes")
     return run_and_report(load_experiment(args.experiment, args))
+
+
+def _is_robustness(path) -> bool:
+    from opct.robustness.runner import is_robustness_file
+
+    return is_robustness_file(path)
+
+
+def run_robustness_file(args) -> int:
+    """`opct run FILE` where FILE says `kind: robustness`: the studies x seeds of opct.robustness, then the report."""
+    from pathlib import Path
+
+    from opct.files import dir_lock
+    from opct.robustness.report import build
+    from opct.robustness.runner import load_robustness, run_robustness
+
+    other = sorted(k for k in vars(args) if k not in (*ROBUSTNESS_FLAGS, "experiment", "func", "command"))
+    if other:
+        raise OpctError(f"--{other[0].replace('_', '-')}: not a setting of a robustness file (its flags: "
+                        f"{', '.join('--' + f for f in ROBUSTNESS_FLAGS)})")
+    flags = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in ROBUSTNESS_FLAGS})
+    cfg = load_robustness(args.experiment, flags)
+    with dir_lock(Path(cfg.out) / cfg.run_name(), "robustness study"):
+        root = run_robustness(cfg)
+        if cfg.report:
+            html, md = build(root)
+            print((root / "results.md").read_text(encoding="utf-8"))
+            print(f"report: {html}\n        {md}")
+    return 0
 
 
 def run_and_report(cfg) -> int:

@@ -38,6 +38,13 @@ def generate(policy: Policy, prompts: list[Messages], gen: Gen = Gen(), seed: in
              where: list[str] | None = None) -> list[str]:
     """One sampled response text per prompt, in the order given. `where[i]` names prompt i in an error (e.g. a
     prompt too long for the model's context): its item id, and the file and line it came from."""
+    return [t for t, _ in generate_flagged(policy, prompts, gen, seed, desc, where)]
+
+
+def generate_flagged(policy: Policy, prompts: list[Messages], gen: Gen = Gen(), seed: int = 0,
+                     desc: str = "sampling", where: list[str] | None = None) -> list[tuple[str, bool]]:
+    """`generate`, with each response's truncation flag: (text, True where max_new_tokens ran out before the end of
+    the turn). The same samples as `generate` for the same seed."""
     if not prompts:
         return []
     ids = [policy.render(m) for m in prompts]
@@ -45,7 +52,7 @@ def generate(policy: Policy, prompts: list[Messages], gen: Gen = Gen(), seed: in
         for i, p in enumerate(ids):
             policy.check_fits(p, gen.max_new_tokens, f"{desc}: {where[i]}" if where else f"{desc} prompt {i}")
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    out: list[str | None] = [None] * len(ids)
+    out: list[tuple[str, bool] | None] = [None] * len(ids)
     seed_everything(seed)
     bar = None
     if gen.progress:
@@ -54,10 +61,10 @@ def generate(policy: Policy, prompts: list[Messages], gen: Gen = Gen(), seed: in
         bar = tqdm(total=len(ids), desc=desc, mininterval=2.0, leave=False)
     for start in range(0, len(order), gen.batch_size):
         chunk = order[start:start + gen.batch_size]
-        texts = policy.sample([ids[i] for i in chunk], max_new_tokens=gen.max_new_tokens,
-                              temperature=gen.temperature).texts
-        for i, t in zip(chunk, texts):
-            out[i] = t
+        got = policy.sample([ids[i] for i in chunk], max_new_tokens=gen.max_new_tokens, temperature=gen.temperature)
+        flags = getattr(got, "truncated", None) or [False] * len(chunk)
+        for i, t, cut in zip(chunk, got.texts, flags):
+            out[i] = (t, bool(cut))
         if bar is not None:
             bar.update(len(chunk))
     if bar is not None:

@@ -16,7 +16,13 @@ side of every probe: the OPCT paper's oracle ceiling). Arm keys besides TrainCon
                   the starting model (the paper's SFT+OPCT: `{method: opct, init_from: bct}`);
   benign_replay   that many benign anchor pairs (teacher = student = a benign prompt of the world that no evaluation
                   asks) mixed into this arm's training pairs: for BCT, the model's own greedy answers to benign
-                  prompts at weight 1 (the paper's benign-regularised BCT).
+                  prompts at weight 1 (the paper's benign-regularised BCT). The pairs go through the *method's own*
+                  loss (under OPCT: a KL to the starting model on the benign prompt; under ACT: an activation
+                  distance), so what they regularise depends on the method. The method-independent form is the
+                  TrainConfig field `replay_frac` (with `replay_schedule: mixed | sequential`), usable in `train` or
+                  in any arm: the same pool of prompts (`opct.pairs.make.replay_pairs`), answered greedily by the
+                  starting model and trained with an SFT loss beside any method's (`opct.train.replay`). For BCT
+                  the two are the same objective; `benign_replay: N` counts pairs, `replay_frac` a share of examples.
 
 `train`, `eval` and `attack` are TrainConfig, EvalConfig and AttackConfig; in a file they are mappings of those
 fields, checked by type and range with the rest of the file before anything runs (`opct.config`).

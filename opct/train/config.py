@@ -42,6 +42,13 @@ class TrainConfig:
     act_weight: float = option(1e-4, "act: weight of the residual-stream squared-L2 loss", ge=0)
     mlpct_weight: float = option(1.0, "mlpct: weight of the MLP-hidden-state cosine-distance loss", ge=0)
     attct_weight: float = option(1.0, "attct: weight of the attention Jensen-Shannon loss", ge=0)
+    # on-policy benign replay, for every method (opct.train.replay)
+    replay_frac: float = option(0.0, "share of training examples that are benign replay: prompts of the world that no "
+                                     "evaluation asks, answered greedily by the starting model, trained with "
+                                     "cross-entropy beside the method's loss (0 = none; must be < 1)", ge=0)
+    replay_schedule: str = option("mixed", "replay from step 0, mixed into every step (mixed), or as extra steps of "
+                                           "replay alone after the method's max_steps (sequential)",
+                                  choices=["mixed", "sequential"])
     # sampling
     n_samples: int = option(4, "responses sampled per pair per step", ge=1)
     temperature: float = option(1.0, "sampling temperature", gt=0)
@@ -88,6 +95,9 @@ class TrainConfig:
         if self.target_n > 1 and self.target_temperature == 0 and not self.targets:
             raise ConfigError("target_n", "target_n > 1 needs target_temperature > 0 (greedy decoding gives n "
                                           "identical answers)")
+        if self.replay_frac >= 1:
+            raise ConfigError("replay_frac", f"must be < 1 (the share of replay among all training examples; got "
+                                             f"{self.replay_frac})")
         if self.kl_chunk and self.estimator != "full":
             raise ConfigError("kl_chunk", f"is for the full estimator (got --estimator {self.estimator})")
         if self.init_adapter and not self.lora:

@@ -8,6 +8,10 @@ method (opct/methods) only computes one step's gradients.
 Data order: pairs are drawn from an endless stream of seeded per-epoch permutations; an optimizer step takes the
 next `batch_size * grad_accum * processes` pairs. The stream is a pure function of (seed, position), so resuming
 needs only the position.
+
+Benign replay (`replay_frac`, `replay_schedule`; opct.train.replay) is the loop's too, so every method has it: an SFT
+term on the starting model's own greedy answers to benign prompts, mixed into the method's steps or run as extra
+steps after them.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, save_
                                   write_json_atomic)
 from opct.train.config import RESUMABLE_CHANGES, TrainConfig
 from opct.train.context import RenderedPair, StepContext
+from opct.train import replay
 from opct.train.guards import check_vocab
 
 # Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped. A key
@@ -282,9 +287,11 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     # the fused kernel (one pass per tensor instead of ~10 ops) where torch has one, as transformers' Trainer does
     fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, fused=fused or None)
+    replay_plan = replay.plan(config, acc.num_processes)  # None without replay_frac
+    total_steps = replay_plan.total_steps if replay_plan else config.max_steps
     # The scheduler is stepped by hand once per optimizer step (accelerate's wrapper would step it once per process).
     scheduler = get_scheduler(config.lr_schedule, optimizer, num_warmup_steps=config.warmup_steps,
-                              num_training_steps=config.max_steps)
+                              num_training_steps=total_steps)
     model, optimizer = acc.prepare(model, optimizer)
     policy.model = acc.unwrap_model(model)
 
@@ -301,24 +308,40 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
                       pairs={p.id: p for p in pairs}, step=start)
     if config.method in PREPARE:  # once per run, before the first step: offline targets, alignments, checks
         PREPARE[config.method](run)
+    replay_rows = replay.prepare(run, replay_plan) if replay_plan else []
     if trackers:
         from opct.trackers import scalars
 
         acc.init_trackers(f"{out.name}-{config.method}", config=scalars(asdict(config)))
-    bar = tqdm(total=config.max_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,
+    bar = tqdm(total=total_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,
                disable=not acc.is_main_process)
     per_step = config.batch_size * config.grad_accum * acc.num_processes
-    for step in range(start + 1, config.max_steps + 1):
+    for step in range(start + 1, total_steps + 1):
         t0 = time.perf_counter()
         run.step = step - 1
-        micro = step_micro_batches(pairs, config, state["pairs_consumed"], acc.process_index, acc.num_processes)
         try:
-            stats = step_fn(run, micro)
+            if step <= config.max_steps:
+                stats = {}
+                if replay_plan:  # mixed: this step's replay rows first, accumulated locally (the method syncs)
+                    mine = replay.step_rows(replay_rows, replay_plan, step, config.seed, acc.process_index,
+                                            acc.num_processes)
+                    stats = {"phase": "method", **replay.replay_backward(
+                        run, mine, len(replay_plan.rows_at(step)), sync_last=False)}
+                micro = step_micro_batches(pairs, config, state["pairs_consumed"], acc.process_index,
+                                           acc.num_processes)
+                stats = {**step_fn(run, micro), **stats}
+                state["pairs_consumed"] += per_step
+            else:  # sequential: replay alone, after the method's steps
+                mine = replay.step_rows(replay_rows, replay_plan, step, config.seed, acc.process_index,
+                                        acc.num_processes)
+                stats = replay.replay_backward(run, mine, len(replay_plan.rows_at(step)), sync_last=True)
+                stats.update(phase="replay", loss=stats["replay_loss"], tokens=stats["replay_tokens"])
         except OpctError as e:
             raise OpctError(f"step {step}: {e} (last good checkpoint: {latest_checkpoint(out) or 'none'})") from None
         grad_norm = float(acc.clip_grad_norm_(params, config.max_grad_norm or math.inf))
         lr = scheduler.get_last_lr()[0]
-        finite = math.isfinite(stats["loss"]) and math.isfinite(grad_norm)
+        finite = math.isfinite(stats["loss"]) and math.isfinite(grad_norm) and \
+            math.isfinite(stats.get("replay_loss") or 0.0)
         if finite:
             optimizer.step()
             state["consecutive_nan"] = 0
@@ -327,7 +350,6 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
             state["consecutive_nan"] += 1
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        state["pairs_consumed"] += per_step
         seconds = time.perf_counter() - t0
 
         record = {**dict.fromkeys(METRIC_KEYS), "step": step, **stats, "tokens_per_s": stats["tokens"] / seconds,
@@ -345,7 +367,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
             raise OpctError(f"step {step}: loss or gradient not finite for {state['consecutive_nan']} consecutive "
                             f"steps; stopped (last good checkpoint: {latest_checkpoint(out) or 'none'}). "
                             f"Lower --lr or check the pairs.")
-        if step % config.save_every == 0 or step == config.max_steps:
+        if step % config.save_every == 0 or step == total_steps:
             save_checkpoint(out, step, acc, model, optimizer, scheduler, state, config.keep_checkpoints)
     bar.close()
     if trackers:

@@ -1,0 +1,230 @@
+"""`run_robustness(config)`: every study of a robustness file x every seed, resumable; then the aggregate and report.
+
+    OUT/NAME/study.json                  the resolved settings (every study's Config); a rerun with other settings
+                                         is refused (adding studies or seeds is allowed)
+    OUT/NAME/<study>/seed<S>/...         what the study writes for seed S (its cells, each resumable)
+    OUT/NAME/<study>/seed<S>/rows.json   written last: the seed's rows and seconds (a cell with it is skipped)
+    OUT/NAME/robustness.json             every aggregated row (mean, 95% t-interval over seeds, n)
+    OUT/NAME/results.md, report.html     tables and curves (opct.robustness.report)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from opct.config import ConfigError, changes, construct, option, validate
+from opct.errors import OpctError
+from opct.files import read_json, write_json_atomic
+
+KIND = "robustness"
+KEY = ("study", "method", "axis", "condition", "x", "metric")
+ROW_FIELDS = {"study": str, "method": str, "axis": str, "condition": str, "x": (float, type(None)), "metric": str,
+              "value": (float, type(None)), "higher_is_better": bool}
+
+
+def default_studies() -> dict[str, dict]:
+    return {"replay": {}, "washout": {}}
+
+
+@dataclass
+class RobustnessConfig:
+    CONFIG_LABEL: ClassVar[str] = "robustness"
+
+    kind: str = option(KIND, "what the file is: `robustness` (an `opct run` file without it is an experiment)",
+                       choices=[KIND])
+    name: str = option("robustness", "study name; everything is written under OUT/NAME/ (--quick adds -quick)")
+    model: str = option("default", "a subject ('default', the shipped organism; 'test'; ...) or a model directory",
+                        nonempty=True)
+    out: str = option("runs", "root directory", nonempty=True)
+    seeds: list[int] = option([0, 1, 2], "seeds; every study runs once per seed", nonempty=True)
+    studies: dict[str, dict] = option(help="study name (opct.robustness.STUDIES) -> its Config fields",
+                                      factory=default_studies, nonempty=True)
+    quick: bool = option(False, "smaller sizes (each study's QUICK: fewer steps, doses and items)")
+    threads: int = option(0, "torch CPU threads (0: opct's default for the model's size)", ge=0)
+    note: str = option("", "free text shown at the top of the report")
+    report: bool = option(True, "write results.md and report.html at the end")
+
+    def __post_init__(self):
+        from opct.robustness import STUDIES
+
+        validate(self)
+        if not self.name or "/" in self.name or self.name in (".", ".."):
+            raise ConfigError("name", f"must be a non-empty directory name (got {self.name!r})")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError("seeds", "must not repeat")
+        self.built = {}
+        for name, block in self.studies.items():
+            if name not in STUDIES:
+                raise ConfigError("studies", f"unknown study {name!r}; known: {', '.join(STUDIES)}")
+            block = {} if block is None else block
+            if not isinstance(block, dict):
+                raise ConfigError(f"studies.{name}", f"must be a mapping of the study's settings (got {block!r})")
+            quick = getattr(STUDIES[name], "QUICK", {}) if self.quick else {}
+            self.built[name] = construct(STUDIES[name].Config, _merge(block, quick), prefix=f"studies.{name}",
+                                         reserved=("model",))
+
+    def run_name(self) -> str:
+        return self.name + ("-quick" if self.quick and not self.name.endswith("-quick") else "")
+
+
+def _merge(block: dict, quick: dict) -> dict:
+    """The file's block with QUICK's values on top (mappings merged one level down)."""
+    out = dict(block)
+    for k, v in quick.items():
+        out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_robustness(path, args=None, **overrides) -> RobustnessConfig:
+    from opct.config import build_config
+
+    return build_config(RobustnessConfig, args, path, None, **overrides)
+
+
+def is_robustness_file(path) -> bool:
+    """Whether a config file says `kind: robustness` (read without validating anything else)."""
+    from opct.config import load_config_file
+
+    return load_config_file(path).get("kind") == KIND
+
+
+def check_rows(rows, where: str) -> list[dict]:
+    """A study's rows, checked against the contract (a study bug is reported naming the study)."""
+    if not isinstance(rows, list):
+        raise OpctError(f"{where}: run() must return a list of rows (got {type(rows).__name__})")
+    out = []
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or set(r) != set(ROW_FIELDS):
+            raise OpctError(f"{where}: row {i}: must have exactly the keys {', '.join(ROW_FIELDS)} (got {r!r})")
+        r = dict(r)
+        for k in ("x", "value"):
+            if isinstance(r[k], int) and not isinstance(r[k], bool):
+                r[k] = float(r[k])
+            if isinstance(r[k], float) and not math.isfinite(r[k]):
+                r[k] = None
+        for k, t in ROW_FIELDS.items():
+            if not isinstance(r[k], t) or (t is not bool and isinstance(r[k], bool)):
+                raise OpctError(f"{where}: row {i}: {k}: wrong type ({r[k]!r})")
+        out.append(r)
+    return out
+
+
+def aggregate(per_seed: dict[int, list[dict]]) -> list[dict]:
+    """Rows over seeds -> one row per KEY: mean and 95% Student-t interval over the seeds where the value is defined
+    (no interval from one seed), n (defined seeds) and n_undefined. Rates (every value in [0, 1]) are clipped to
+    [0, 1]; other values (a wash fraction) are not."""
+    from opct.report.aggregate import t975
+
+    groups: dict[tuple, dict] = {}
+    for seed, rows in sorted(per_seed.items()):
+        for r in rows:
+            k = tuple(r[f] for f in KEY)
+            g = groups.setdefault(k, {"higher_is_better": r["higher_is_better"], "values": {}, })
+            g["values"][seed] = r["value"]
+    out = []
+    for k, g in groups.items():
+        vals = [v for v in g["values"].values() if v is not None]
+        n = len(vals)
+        mean = lo = hi = None
+        if n:
+            mean = sum(vals) / n
+            if n > 1:
+                sd = math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1))
+                half = t975(n - 1) * sd / math.sqrt(n)
+                lo, hi = mean - half, mean + half
+                if not k[5].startswith("wash_fraction") and all(0.0 <= v <= 1.0 for v in vals):
+                    lo, hi = max(lo, 0.0), min(hi, 1.0)
+        out.append({**dict(zip(KEY, k)), "higher_is_better": g["higher_is_better"], "mean": mean, "ci_low": lo,
+                    "ci_high": hi, "n": n, "n_undefined": len(g["values"]) - n,
+                    "seeds": sorted(g["values"]), "values": [g["values"][s] for s in sorted(g["values"])]})
+    return out
+
+
+def _previous(root: Path, resolved: dict) -> dict:
+    path = root / "study.json"
+    if not path.exists():
+        return {}
+    old = read_json(path, "robustness study")
+    if not isinstance(old, dict) or old.get("kind") != KIND:
+        raise OpctError(f"{path}: not a robustness study's settings; use another --name or delete {root}")
+    changed = changes({k: v for k, v in old.items() if k != "studies"},
+                      {k: v for k, v in resolved.items() if k != "studies"},
+                      ("seeds", "name", "out", "note", "report", "threads", "model_dir"))
+    for s, c in resolved["studies"].items():
+        if s in old.get("studies", {}):
+            changed += [f"studies.{s}.{x}" for x in changes(old["studies"][s], c, ("model",))]
+    if changed:
+        raise OpctError(f"{path}: the study in {root} was started with other settings ({', '.join(changed)}); use "
+                        f"another --name, or delete {root} to start again")
+    return old
+
+
+def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
+    """Run every (seed, study) cell not already done; write robustness.json; return the run directory."""
+    from tqdm.auto import tqdm
+
+    from opct.experiment.runner import resolve_model
+    from opct.policy import count_parameters, set_cpu_threads
+    from opct.robustness import STUDIES
+
+    root = Path(cfg.out) / cfg.run_name()
+    model = resolve_model(cfg.model)
+    configs = {n: dataclasses.replace(c, model=model) if any(f.name == "model" for f in dataclasses.fields(c))
+               else c for n, c in cfg.built.items()}
+    resolved = {"kind": KIND, "name": cfg.run_name(), "model": cfg.model, "model_dir": model, "quick": cfg.quick,
+                "seeds": cfg.seeds, "note": cfg.note, "studies": {n: dataclasses.asdict(c) for n, c in configs.items()}}
+    old = _previous(root, resolved)
+    resolved["seeds"] = list(dict.fromkeys([*old.get("seeds", []), *cfg.seeds]))
+    resolved["studies"] = {**old.get("studies", {}), **resolved["studies"]}
+    write_json_atomic(root / "study.json", resolved, indent=2)
+    set_cpu_threads(count_parameters(model), "cpu", cfg.threads or None)
+
+    cells = [(seed, name) for seed in cfg.seeds for name in configs]
+    t_start = time.time()
+    bar = tqdm(total=len(cells), desc="robustness", unit="cell", dynamic_ncols=True)
+    say = tqdm.write
+    for seed, name in cells:
+        d = root / name / f"seed{seed}"
+        if (d / "rows.json").exists():
+            say(f"{name} seed {seed}: done already, skipped")
+            bar.update(1)
+            continue
+        say(f"{name} seed {seed} ({time.time() - t_start:.0f} s into the run)")
+        t0 = time.time()
+        rows = check_rows(STUDIES[name].run(configs[name], seed, d, lambda m: say(m)), f"study {name}")
+        seconds = round(time.time() - t0, 1)
+        write_json_atomic(d / "rows.json", {"study": name, "seed": seed, "seconds": seconds, "rows": rows})
+        say(f"{name} seed {seed}: {len(rows)} rows in {seconds:.0f} s")
+        bar.update(1)
+    bar.close()
+    write_aggregate(root)
+    log(f"robustness {cfg.run_name()}: {len(cells)} cells in {root} ({time.time() - t_start:.0f} s this run)")
+    return root
+
+
+def load_rows(root: Path) -> tuple[dict, dict[str, dict[int, list[dict]]], dict]:
+    """(study.json, {study: {seed: rows}}, {(study, seed): seconds}) of every finished cell under `root`."""
+    settings = read_json(root / "study.json", "robustness study")
+    rows: dict[str, dict[int, list[dict]]] = {}
+    seconds = {}
+    for name in settings.get("studies", {}):
+        for seed in settings.get("seeds", []):
+            p = root / name / f"seed{seed}" / "rows.json"
+            if p.exists():
+                cell = read_json(p, "study rows")
+                rows.setdefault(name, {})[seed] = check_rows(cell.get("rows"), str(p))
+                seconds[(name, seed)] = cell.get("seconds")
+    return settings, rows, seconds
+
+
+def write_aggregate(root: Path) -> list[dict]:
+    settings, rows, _ = load_rows(root)
+    agg = [r for name in rows for r in aggregate(rows[name])]
+    write_json_atomic(root / "robustness.json", {"settings": {k: v for k, v in settings.items() if k != "studies"},
+                                                 "rows": agg}, indent=1)
+    return agg

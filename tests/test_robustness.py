@@ -1,0 +1,253 @@
+"""Issue 20 parts 1-2: on-model benign replay for every method, capability's termination metrics, the wash-out study
+and the robustness runner (`opct run FILE` with `kind: robustness`). Real training on the `test` organism."""
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_lm import cli_error, one_thread  # noqa: F401
+
+from opct.errors import OpctError
+from opct.train.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pairs(tmp_path, seed=0) -> Path:
+    from opct.robustness.cells import axis_pairs
+
+    return axis_pairs("sycophancy", ["suggested_answer"], seed, tmp_path / "pairs.jsonl", per_family=4)
+
+
+def _train(organism, pairs, out, **kw):
+    from opct.train.loop import train
+
+    cfg = dict(method="bct", model=str(organism), pairs=str(pairs), out=str(out), max_steps=3, batch_size=4, lr=3e-3,
+               max_new_tokens=16, save_every=10)
+    cfg.update(kw)
+    train(TrainConfig(**cfg))
+    return [json.loads(x) for x in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+# ------------------------------------------------------------------------------------------------ replay
+
+def test_replay_plan_trains_the_stated_share_of_examples():
+    from opct.train.replay import plan
+
+    for f in (0.1, 0.25, 0.5):
+        p = plan(TrainConfig(max_steps=40, batch_size=8, replay_frac=f))
+        rows = sum(len(p.rows_at(s)) for s in range(1, p.total_steps + 1))
+        assert rows == p.total_rows and p.extra_steps == 0
+        assert rows / (rows + 40 * 8) == pytest.approx(f, abs=0.01)
+        s = plan(TrainConfig(max_steps=40, batch_size=8, replay_frac=f, replay_schedule="sequential"))
+        assert all(len(s.rows_at(k)) == 0 for k in range(1, 41))  # nothing during the method's steps
+        assert all(len(s.rows_at(k)) == 8 for k in range(41, s.total_steps + 1))
+        assert s.total_rows / (s.total_rows + 320) == pytest.approx(f, abs=0.03)
+    assert plan(TrainConfig()) is None
+
+
+def test_replay_rows_are_the_starting_models_greedy_answers_to_prompts_no_eval_asks(test_organism, tmp_path):
+    from opct.axes import AXES
+    from opct.evals.run import run_axis
+    from opct.evals.scripted import ScriptedPolicy
+    from opct.policy import load_policy
+
+    pairs = _pairs(tmp_path)
+    # start from a trained adapter: the replay answers must still be the *starting* (base) model's, not the adapter's
+    _train(test_organism, pairs, tmp_path / "first", max_steps=4, lr=3e-2)
+    metrics = _train(test_organism, pairs, tmp_path / "run", replay_frac=0.5, max_steps=4,
+                     init_adapter=str(tmp_path / "first" / "final"))
+    rows = [json.loads(x) for x in (tmp_path / "run" / "replay.jsonl").read_text().splitlines()]
+    assert len(rows) == 16 == sum(m["replay_rows"] for m in metrics)  # 4 steps x 4 pairs at f = 0.5
+    base = load_policy(str(test_organism))
+    greedy = base.sample([r["prompt_ids"] for r in rows], 16, temperature=0.0)
+    assert [r["response_ids"] for r in rows] == greedy.response_ids
+    assert [r["prompt_ids"] for r in rows] == [base.render(r["prompt"]) for r in rows]
+    tuned = load_policy(str(test_organism), adapter=str(tmp_path / "first" / "final"))
+    assert tuned.sample([r["prompt_ids"] for r in rows], 16, temperature=0.0).response_ids != greedy.response_ids
+
+    # held out: no replay prompt is a prompt any evaluation asks (every axis, its probes built for all families)
+    from opct.pairs.make import replay_pairs
+
+    asked = set()
+    for name in AXES:
+        recs = run_axis(name, ScriptedPolicy(lambda m: "no"), n=10_000, log=lambda m: None)
+        asked |= {m["content"] for r in recs for m in r["prompt"] if m["role"] == "user"}
+    pool = {p.student[0]["content"] for p in replay_pairs(10_000)}
+    assert len(pool) > 2000 and len(asked) > 500
+    assert not pool & asked
+
+
+def test_sequential_replay_trains_after_the_method_and_mixed_from_the_start(test_organism, tmp_path):
+    pairs = _pairs(tmp_path)
+    mixed = _train(test_organism, pairs, tmp_path / "mixed", replay_frac=0.25, method="opct", n_samples=1)
+    seq = _train(test_organism, pairs, tmp_path / "seq", replay_frac=0.25, replay_schedule="sequential",
+                 method="opct", n_samples=1)
+    none = _train(test_organism, pairs, tmp_path / "none", method="opct", n_samples=1)
+    assert [m["phase"] for m in mixed] == ["method"] * 3 and sum(m["replay_rows"] for m in mixed) == 4
+    assert mixed[0]["replay_rows"] == 1 and mixed[0]["replay_loss"] is not None
+    assert [m["phase"] for m in seq] == ["method"] * 3 + ["replay"]
+    assert [m["replay_rows"] for m in seq] == [0, 0, 0, 4]
+    # the method's steps of the sequential run are those of the run without replay; the replay step comes after
+    assert [m["loss"] for m in seq[:3]] == pytest.approx([m["loss"] for m in none], rel=1e-6)
+    assert mixed[1]["loss"] != pytest.approx(none[1]["loss"], rel=1e-6)
+    assert (tmp_path / "seq" / "checkpoints" / "step-000004").is_dir()
+
+
+def test_replay_works_with_every_method(test_organism, tmp_path):
+    pairs = _pairs(tmp_path)
+    for method in ("opct", "offpolicy", "act", "mlpct", "attct"):
+        m = _train(test_organism, pairs, tmp_path / method, method=method, replay_frac=0.2, max_steps=2,
+                   n_samples=1, replay_schedule="sequential" if method == "act" else "mixed")
+        assert sum(r["replay_rows"] for r in m) >= 2 and all(r["loss"] is not None for r in m), method
+
+
+# ------------------------------------------------------------------------------------------------ capability
+
+def test_capability_reports_parse_failures_and_truncation(test_organism):
+    from opct.axes import AXES
+    from opct.evals.generate import Gen
+    from opct.evals.run import run_axis
+    from opct.policy import load_policy
+
+    pol = load_policy(str(test_organism))
+    short = AXES["capability"].metrics(run_axis("capability", pol, n=8, gen=Gen(max_new_tokens=1), log=print))
+    long = AXES["capability"].metrics(run_axis("capability", pol, n=8, gen=Gen(max_new_tokens=48), log=print))
+    assert short["capability.truncation_rate"]["value"] == 1.0  # one token never ends the turn
+    assert long["capability.truncation_rate"]["value"] < 0.5
+    assert short["capability.parse_fail_rate"]["value"] > long["capability.parse_fail_rate"]["value"]
+    for k in ("accuracy", "accuracy_parsed", "parse_fail_rate", "truncation_rate"):
+        assert f"capability.{k}[skill=facts]" in long
+    assert long["capability.truncation_rate"]["higher_is_better"] is False
+
+
+# ------------------------------------------------------------------------------------------------ wash-out
+
+def test_wash_fraction_math_and_its_undefined_case():
+    from opct.robustness.washout import wash_fraction
+
+    assert wash_fraction(0.3, 0.1, 0.5, 0.05) == pytest.approx(0.5)
+    assert wash_fraction(0.1, 0.1, 0.5, 0.05) == 0.0
+    assert wash_fraction(0.6, 0.1, 0.5, 0.05) == pytest.approx(1.25)  # past the base: more than washed out
+    assert wash_fraction(0.95, 0.99, 0.2, 0.05) == pytest.approx(0.04 / 0.79)  # a metric where higher is better
+    assert wash_fraction(0.3, 0.50, 0.52, 0.05) is None  # training moved M by 0.02 < min_gap: undefined
+    assert wash_fraction(0.3, 0.5, 0.5, 0.05) is None
+    assert wash_fraction(None, 0.1, 0.5, 0.05) is None
+
+
+def test_wash_doses_are_prefixes_of_one_run_equal_to_separate_runs(test_organism, tmp_path):
+    """The study evaluates dose d after continuing one wash run to d; that must equal a separate d-example run from
+    the trained adapter (constant lr, same data stream)."""
+    from safetensors.torch import load_file
+
+    from opct.robustness.washout import Config, wash_config, write_wash_data
+    from opct.train.loop import train
+
+    _train(test_organism, _pairs(tmp_path), tmp_path / "trained")
+    adapter = str(tmp_path / "trained" / "final")
+    cfg = Config(wash_batch_size=4, doses=[0, 8, 16], train={"max_new_tokens": 16})
+    pairs, targets = write_wash_data(16, 0, tmp_path / "wash-data")
+    for dose in (8, 16):  # the study's way: one run, resumed to the next dose
+        c = wash_config(cfg, str(test_organism), adapter, pairs, targets, tmp_path / "cumulative", dose, 0)
+        train(c if dose == 8 else dataclasses.replace(c, resume=True))
+    train(wash_config(cfg, str(test_organism), adapter, pairs, targets, tmp_path / "separate", 16, 0))
+    a = load_file(tmp_path / "cumulative" / "final" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "separate" / "final" / "adapter_model.safetensors")
+    t = load_file(tmp_path / "trained" / "final" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    assert any(not (a[k] == t[k]).all() for k in a)  # and the wash did change the adapter
+    # the wash data: off-model reference answers to benign replay prompts
+    rows = [json.loads(x) for x in targets.read_text().splitlines()]
+    assert len(rows) == 16 and all(r["response"].endswith(".") for r in rows)
+
+
+# ------------------------------------------------------------------------------------------------ the runner
+
+def _study_file(tmp_path, organism, **over) -> Path:
+    data = {"kind": "robustness", "name": "r", "model": str(organism), "out": str(tmp_path / "runs"), "seeds": [0],
+            "studies": {"washout": {"methods": ["bct"], "doses": [0, 8, 16], "wash_batch_size": 4, "per_family": 4,
+                                    "train": {"max_steps": 3, "batch_size": 4, "lr": 3e-2, "max_new_tokens": 16},
+                                    "eval": {"n": 6, "max_new_tokens": 16}}}}
+    data.update(over)
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, tmp_path):
+    from opct.cli import main
+    from opct.evals.run import EvalConfig
+    from opct.robustness.cells import evaluate
+
+    path = _study_file(tmp_path, test_organism)
+    assert main(["run", str(path)]) == 0
+    root = tmp_path / "runs" / "r"
+    cell = root / "washout" / "seed0"
+    first = json.loads((cell / "rows.json").read_text())["rows"]
+    agg = json.loads((root / "robustness.json").read_text())["rows"]
+    assert {r["x"] for r in agg if r["condition"] == "dose"} == {0.0, 8.0, 16.0}
+    assert "wash fraction" in (root / "results.md").read_text() and (root / "report.html").exists()
+
+    # dose 0 is the trained model itself: its rows are the trained adapter's evaluation, its wash fraction 0
+    m = evaluate(str(test_organism), str(cell / "bct-sycophancy" / "train" / "final"), ["sycophancy"],
+                 EvalConfig(n=6, max_new_tokens=16, attack=False, progress=False),
+                 {"sycophancy": ["suggested_answer"]}, 0, tmp_path / "fresh", print)
+    dose0 = {r["metric"]: r["value"] for r in first if r["method"] == "bct" and r["x"] == 0.0}
+    assert dose0["sycophancy.sycophancy_rate[split=heldout]"] == m["sycophancy.sycophancy_rate[split=heldout]"]["value"]
+    assert all(v in (0.0, None) for k, v in dose0.items() if k.startswith("wash_fraction"))
+
+    # interrupt: the last dose's evaluation and the wash's final model gone, the cell not done
+    (cell / "rows.json").unlink()
+    shutil.rmtree(cell / "bct-sycophancy" / "dose-16")
+    shutil.rmtree(cell / "bct-sycophancy" / "wash" / "final")
+    assert main(["run", str(path)]) == 0
+    assert json.loads((cell / "rows.json").read_text())["rows"] == first
+
+    # other settings under the same name are refused; --quick writes elsewhere
+    bad = _study_file(tmp_path, test_organism, studies={"washout": {"methods": ["bct"], "doses": [0, 4],
+                                                                    "wash_batch_size": 4}})
+    with pytest.raises(OpctError, match="started with other settings"):
+        from opct.robustness.runner import load_robustness, run_robustness
+
+        run_robustness(load_robustness(bad), log=lambda m: None)
+
+
+@pytest.mark.parametrize("studies, needle", [
+    ({"washout": {"doses": [0, 30]}}, "studies.washout.doses[1]: must be a multiple of wash_batch_size (8)"),
+    ({"washout": {"doses": [8, 16]}}, "studies.washout.doses: must start at 0"),
+    ({"washout": {"min_gap": 0}}, "studies.washout.min_gap: must be > 0"),
+    ({"replay": {"conditions": {"a": {"replay_frac": 1.5}}}}, "studies.replay.conditions.a.replay_frac: must be < 1"),
+    ({"replay": {"conditions": {"a": {"replay_schedule": "later"}}}},
+     "studies.replay.conditions.a.replay_schedule: must be one of mixed, sequential"),
+    ({"replay": {"methods": ["dpo"]}}, "studies.replay.methods[0]: unknown method 'dpo'"),
+    ({"replay": {"train": {"replay_frac": "lots"}}}, "studies.replay.train.replay_frac: must be a number"),
+    ({"replay": {"train": {"seed": 1}}}, "seed is set by the runner"),
+    ({"replay": {"axes": ["capability"]}}, "studies.replay.axes[0]: must be an axis that trains on pairs"),
+    ({"poison": {}}, "studies: unknown study 'poison'"),
+    ({"washout": {"model": "x"}}, "model is set by the runner"),
+])
+def test_bad_robustness_files_name_the_file_and_the_field(tmp_path, capsys, studies, needle):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"kind": "robustness", "studies": studies}))
+    line = cli_error(capsys, ["run", str(path)])
+    assert str(path) in line and needle in line, line
+
+
+def test_flags_and_shipped_file(tmp_path, capsys):
+    from opct.robustness.runner import load_robustness
+
+    cfg = load_robustness(ROOT / "configs" / "robustness.yaml")
+    assert cfg.seeds == [0, 1, 2] and set(cfg.built) == {"replay", "washout"}
+    assert cfg.built["washout"].doses == [0, 32, 64, 128, 256, 512]
+    assert {"opct", "bct", "act"} <= set(cfg.built["washout"].methods)
+    quick = load_robustness(ROOT / "configs" / "robustness.yaml", quick=True)
+    assert quick.run_name() == "robustness-quick" and quick.built["replay"].train.max_steps < 200
+    assert "--replay-frac: must be < 1" in cli_error(capsys, ["train", "--model", "x", "--pairs", "y", "--out",
+                                                              str(tmp_path / "o"), "--replay-frac", "1"])
+    assert "--quick is for robustness files" in cli_error(capsys, ["run", str(ROOT / "configs" / "demo.yaml"),
+                                                                  "--quick"])
+    assert "--arms: not a setting of a robustness file" in cli_error(
+        capsys, ["run", str(ROOT / "configs" / "robustness.yaml"), "--arms", "base"])
