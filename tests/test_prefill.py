@@ -54,6 +54,10 @@ def test_pairs_put_the_prefill_on_the_student_side_only_and_keep_heldout_out(tmp
     loaded = load_pairs(save_pairs(pairs, tmp_path / "p.jsonl"))
     assert [p.to_json() for p in loaded] == [p.to_json() for p in pairs]
     assert split_hygiene(loaded) == []
+    direct = [p for p in loaded if p.family == "direct"]  # anchors: every request asked directly, both sides bare
+    assert len(direct) == len(PF.world_items(0)) and all(p.teacher == p.student for p in direct)
+    assert all(prefill_of(p.student) is None for p in direct)
+    loaded = [p for p in loaded if p.family != "direct"]
     for p in loaded:
         assert prefill_of(p.student) == PF.PREFILLS[p.family]
         assert without_prefill(p.student) == [m for m in p.teacher if "prefill" not in m]
