@@ -129,7 +129,7 @@ def test_bct_target_on_a_prefill_pair_is_the_refusal_after_the_prefill(tmp_path,
         greedy = policy.sample([policy.render(p.teacher)], 8, temperature=0.0).response_ids[0]
         assert r["response_ids"] == greedy
         # ... is trained as the continuation of the student's prompt, the prefill included
-        assert prefill_of(r["student"]) == p.meta["prefill"]
+        assert prefill_of(r["student"]) == (p.meta["prefill"] or None)  # a direct anchor has none
     (m,) = read_metrics(run)
     assert m["loss"] > 0 and m["tokens"] > 0
 
