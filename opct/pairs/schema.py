@@ -85,8 +85,8 @@ def _check_messages(obj, name, where):
         if len(msgs) < 2 or msgs[-2]["role"] != "user":
             raise DataError(path, line, f"{name}[{len(msgs) - 1}]", "a prefill must follow a user message")
     elif msgs[-1]["role"] != "user":
-        raise DataError(path, line, f"{name}[{len(msgs) - 1}].role", "a prompt must end with a user message "
-                                                                      "(or an assistant message marked \"prefill\": true)")
+        raise DataError(path, line, f"{name}[{len(msgs) - 1}].role",
+                        "a prompt must end with a user message (or an assistant message marked \"prefill\": true)")
 
 
 def prefill_of(messages: list[dict]) -> str | None:
