@@ -190,7 +190,8 @@ def test_the_subjects_experiment_is_configs_smollm2_and_loads():
     assert shipped.read_bytes() == (Path(__file__).resolve().parents[1] / "configs" / "smollm2.yaml").read_bytes()
     cfg = load_experiment(shipped)
     assert cfg.model == "smollm2" and list(cfg.arms) == ["base", "opct", "bct"]
-    assert jailbreak.NAME not in cfg.trained and cfg.train.lora and cfg.eval.axis_n == {jailbreak.NAME: 12}
+    assert jailbreak.NAME not in cfg.trained and cfg.train.lora
+    assert cfg.eval.axis_n == {jailbreak.NAME: 12, "prefill": 12}  # prefill: the jailbreak requests under 12 prefills
 
 
 def test_demo_subject_prints_the_shipped_profile_or_names_the_subjects(capsys):
