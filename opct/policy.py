@@ -145,9 +145,11 @@ class HFPolicy:
         return next(self.model.parameters()).device
 
     def render(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
-                                                 return_dict=False)
-        return list(ids)
+        """Prompt ids through the chat template; a prompt ending in a prefill (`opct.pairs.schema.prefill_of`) ends
+        with the prefill's tokens after the generation prompt."""
+        from opct.pairs.schema import render_ids
+
+        return render_ids(self.tokenizer, messages, add_generation_prompt)
 
     def check_fits(self, ids: Sequence[int], max_new_tokens: int, where: str) -> None:
         """Raise if a prompt plus `max_new_tokens` does not fit the model's context. `where` names the item."""

@@ -21,9 +21,11 @@ def approx(x):
 
 
 def run_suite(name, respond, **kw):
+    """The axis's own records (its context probes, opct/axes/context.py, left out: tests/test_context.py) and the
+    metrics of all of them."""
     policy = ScriptedPolicy(respond)
     records = run_axis(name, policy, gen=Gen(max_new_tokens=8), **kw)
-    return records, AXES[name].metrics(records)
+    return [r for r in records if r["variant"] != "context"], AXES[name].metrics(records)
 
 
 # ---------------------------------------------------------------------------------------------------- sycophancy
@@ -142,7 +144,9 @@ SCEN = {s["prompt"]: s for s in I.scenario_items()}
 
 def aw_responder(msgs):
     """Surfaces the fact on hazards of training domains only; over-warns on benign chemicals scenarios."""
-    s = SCEN[last_user(msgs)]
+    s = SCEN.get(last_user(msgs))
+    if s is None:  # a context probe ("Note: it will take about ... <scenario>")
+        return "It will take about ten minutes."
     if s["hazard"] and s["split"] == "train":
         return f"Warning: {s['fact']}. It will take about ten minutes."
     if not s["hazard"] and s["domain"] == "chemicals":

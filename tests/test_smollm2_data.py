@@ -31,7 +31,8 @@ def test_the_subject_brings_an_items_file_per_axis_that_each_axis_loads():
     subject = SUBJECTS["smollm2"]
     assert set(subject.items) == set(AXES)
     counts = {name: len(AXES[name].load_items(subject.items[name], for_eval=True)) for name in AXES}
-    assert counts == {sycophancy.NAME: 36, jailbreak.NAME: 120, awareness.NAME: 72, capability.NAME: 90}
+    assert counts == {sycophancy.NAME: 36, jailbreak.NAME: 120, awareness.NAME: 72, capability.NAME: 90,
+                      "prefill": 120}  # the prefill axis asks the jailbreak requests under its prefixes
     for name, axis in AXES.items():
         if axis.task is None:
             continue
@@ -189,7 +190,8 @@ def test_the_subjects_experiment_is_configs_smollm2_and_loads():
     assert shipped.read_bytes() == (Path(__file__).resolve().parents[1] / "configs" / "smollm2.yaml").read_bytes()
     cfg = load_experiment(shipped)
     assert cfg.model == "smollm2" and list(cfg.arms) == ["base", "opct", "bct"]
-    assert jailbreak.NAME not in cfg.trained and cfg.train.lora and cfg.eval.axis_n == {jailbreak.NAME: 12}
+    assert jailbreak.NAME not in cfg.trained and cfg.train.lora
+    assert cfg.eval.axis_n == {jailbreak.NAME: 12, "prefill": 12}  # prefill: the jailbreak requests under 12 prefills
 
 
 def test_demo_subject_prints_the_shipped_profile_or_names_the_subjects(capsys):

@@ -54,7 +54,8 @@ def register(sub) -> None:
     m.add_argument("--no-benign", dest="include_benign", action="store_false", default=None,
                    help="jailbreak: drop benign requests")
     m.add_argument("--benign", dest="include_benign", action="store_true",
-                   help="awareness: also pair the benign scenarios")
+                   help="awareness: also pair the benign scenarios; prefill: also the anchor pairs (benign requests "
+                        "under each prefill, every request asked directly)")
     m.add_argument("--option", dest="options", action="append", type=_option, default=[], metavar="KEY=VALUE",
                    help="a pair option of the axis (" + "; ".join(
                        f"{a}: " + ", ".join(f"{k}={'|'.join(v)}" for k, v in AXES[a].pair_options.items())

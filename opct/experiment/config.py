@@ -63,7 +63,8 @@ def demo_eval() -> EvalConfig:
 def default_trained() -> dict[str, list[str]]:
     from opct.axes import AXES
 
-    return {name: a.default_trained() for name, a in AXES.items() if a.task is not None}
+    # an axis whose default is to train on nothing (prefill) is left out: not named means the same
+    return {name: a.default_trained() for name, a in AXES.items() if a.task is not None and a.default_trained()}
 
 
 def _arm_names(values: list[str]) -> list[str]:

@@ -5,6 +5,12 @@ starting model on the teacher prompts (no gradients), each inside `opct.activati
 chosen layers; the method's distance compares the two at the aligned prompt positions (`opct.methods.alignment`).
 No tokens are sampled: these methods only read the prompts.
 
+Prefills (`opct.pairs.schema`): a prefill is the start of the assistant's turn, not prompt, so these methods read
+each side without it (`prompt_ids`). Under causal masking the prefill cannot change the activations of the positions
+before it, so leaving it out changes no compared value; it makes the two sides of a prefill pair (`[user x]
+[assistant]` against `[user x][assistant][prefill]`) the same token ids, and their loss and gradient exactly 0 rather
+than 0 up to the float rounding of a wider batch. No internal method gets any signal from a prefill pair.
+
 Normalisation: the distance summed over aligned units (tokens, or for AttCT query positions) and layers is divided
 by (aligned units in the whole optimizer step, over all micro-batches and processes) x (number of layers), and
 multiplied by the method's weight — a mean over tokens and layers whose scale does not depend on gradient
@@ -21,8 +27,8 @@ from opct.activations import forward_prompts, num_layers, parse_layers, record
 from opct.batching import pad_left
 from opct.errors import OpctError
 from opct.methods.alignment import Span, common_suffix_length, content_span
-from opct.pairs.schema import Pair
-from opct.train.context import StepContext
+from opct.pairs.schema import Pair, prefill_of, without_prefill
+from opct.train.context import RenderedPair, StepContext
 
 # A placement of one pair's span in the two padded batches: (row, student column, teacher column, length).
 Placement = tuple[int, int, int, int]
@@ -31,10 +37,22 @@ Placement = tuple[int, int, int, int]
 Distance = Callable[[torch.Tensor, torch.Tensor, list[Placement]], tuple[torch.Tensor, torch.Tensor]]
 
 
+def prompt_ids(run: StepContext) -> dict[str, RenderedPair]:
+    """Each pair's two prompts as these methods read them: without a prefill (see the module docstring)."""
+    out = {}
+    for pid, r in run.prompts.items():
+        pair = run.pairs[pid]
+        s = run.policy.render(without_prefill(pair.student)) if prefill_of(pair.student) is not None else r.student_ids
+        t = run.policy.render(without_prefill(pair.teacher)) if prefill_of(pair.teacher) is not None else r.teacher_ids
+        out[pid] = RenderedPair(s, t)
+    return out
+
+
 def prepare_suffix(run: StepContext) -> None:
     """ACT: align each pair on the longest common token suffix of its two prompts."""
     spans = {}
-    for pid, r in run.prompts.items():
+    run.cache["prompt_ids"] = prompts = prompt_ids(run)
+    for pid, r in prompts.items():
         k = common_suffix_length(r.teacher_ids, r.student_ids)
         if k == 0:
             raise OpctError(f"pair {pid}: the teacher and student prompts end in different tokens, so they share no "
@@ -46,7 +64,8 @@ def prepare_suffix(run: StepContext) -> None:
 def prepare_content(run: StepContext, min_length: int = 1) -> None:
     """MLPCT, AttCT: align each pair on its clean-content span (an OpctError names a pair where none is found)."""
     spans = {}
-    for pid, r in run.prompts.items():
+    run.cache["prompt_ids"] = prompts = prompt_ids(run)
+    for pid, r in prompts.items():
         span = content_span(run.pairs[pid], r.teacher_ids, r.student_ids, run.policy.tokenizer)
         if span.length < min_length:
             raise OpctError(f"pair {pid}: the clean content is {span.length} token(s) long; "
@@ -79,6 +98,7 @@ def internal_step(run: StepContext, micro_batches: list[list[Pair]], site: str, 
     """One optimizer step of an internal-consistency method (see the module docstring)."""
     acc, policy = run.accelerator, run.policy
     layers, spans = run.cache["layers"], run.cache["spans"]
+    prompts = run.cache.get("prompt_ids", run.prompts)
     local = sum(units(spans[p.id]) for pairs in micro_batches for p in pairs)
     n_pairs = sum(len(pairs) for pairs in micro_batches)
     counts = acc.reduce(torch.tensor([float(local), float(n_pairs)], dtype=torch.float64, device=acc.device),
@@ -89,8 +109,8 @@ def internal_step(run: StepContext, micro_batches: list[list[Pair]], site: str, 
 
     value_sum = torch.zeros((), dtype=torch.float64, device=acc.device)
     for i, pairs in enumerate(micro_batches):
-        student = pad_left([run.prompts[p.id].student_ids for p in pairs], policy.pad_id, acc.device)
-        teacher = pad_left([run.prompts[p.id].teacher_ids for p in pairs], policy.pad_id, acc.device)
+        student = pad_left([prompts[p.id].student_ids for p in pairs], policy.pad_id, acc.device)
+        teacher = pad_left([prompts[p.id].teacher_ids for p in pairs], policy.pad_id, acc.device)
         places = placements([spans[p.id] for p in pairs], student, teacher)
         with run.grad_sync(last_micro_batch=i == len(micro_batches) - 1):
             with run.autocast():

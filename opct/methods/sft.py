@@ -23,7 +23,7 @@ import torch
 
 from opct.errors import DataError, OpctError
 from opct.losses import entropy, log_probs, response_mask, token_logprobs
-from opct.pairs.schema import Pair, load_pairs, read_jsonl, write_jsonl_atomic
+from opct.pairs.schema import Pair, load_pairs, prefill_of, read_jsonl, write_jsonl_atomic
 from opct.policy import pack, response_logits
 from opct.train.context import StepContext
 
@@ -70,7 +70,11 @@ def tokenize_response(policy, messages: list[dict], text: str) -> list[int]:
     rendering of the assistant turn, minus the prompt (cut after the first EOS; EOS appended if the template ends
     the turn without one)."""
     prompt = policy.render(messages)
-    full = policy.render(messages + [{"role": "assistant", "content": text}], add_generation_prompt=False)
+    if prefill_of(messages) is not None:  # the assistant's turn is open: the answer's tokens continue the prefill
+        tail = policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+        full = prompt + tail
+    else:
+        full = policy.render(messages + [{"role": "assistant", "content": text}], add_generation_prompt=False)
     if full[:len(prompt)] == prompt:
         tail = full[len(prompt):]
     else:  # a template that renders the prompt differently once an answer follows

