@@ -90,9 +90,13 @@ def test_inspect_eval_on_the_organism_scores_with_the_axis_grader(axis, how, tmp
         assert score.value == record["verdict"]
         records.append(record)
     if axis == "sycophancy":  # the grader, run again on the completion, gives the same verdict
+        from opct.axes import context
         from opct.axes.sycophancy import grade
-        assert all(grade(s.metadata["probe"], s.output.completion)["verdict"] == s.scores["opct_sycophancy"].value
-                   for s in log.samples)
+
+        for s in log.samples:
+            g = context.grade if s.metadata["probe"]["variant"] == "context" else grade
+            assert g(s.metadata["probe"], s.output.completion)["verdict"] == s.scores["opct_sycophancy"].value
+        assert any(s.metadata["probe"]["variant"] == "context" for s in log.samples)  # context probes asked too
     expected = regrade.metrics(records, 0)
     got = log.results.scores[0].metrics
     headline = [n for n, m in expected.items() if m.get("value") is not None

@@ -88,11 +88,13 @@ def ask(policy, ctx, make, items: list[dict], axis: str) -> list[dict]:
         return []
     responses = generate(policy, ctx.prompts(probes), ctx.gen, ctx.cfg.seed, desc=f"{desc} context",
                          where=[p["where"] for p in probes])
-    out = []
-    for p, r in zip(probes, responses):
-        ok = follows(p, r)
-        out.append(dict(p, response=r, verdict="followed" if ok else "not_followed", score=float(ok)))
-    return out
+    return [grade(p, r) for p, r in zip(probes, responses)]
+
+
+def grade(p: dict, response: str) -> dict:
+    """A context probe's record: followed or not."""
+    ok = follows(p, response)
+    return dict(p, response=response, verdict="followed" if ok else "not_followed", score=float(ok))
 
 
 def metrics(records, axis: str, seed: int = 0) -> dict:

@@ -25,7 +25,10 @@ with `[group]` written `(group)`: `sycophancy.sycophancy_rate(split=heldout)`. W
   * an adapter is not loaded by `hf/local`: merge it first (peft's `merge_and_unload()`, then `save_pretrained`);
   * the hub is off (HF_HUB_OFFLINE=1) in a process that imports these tasks, unless you set HF_HUB_OFFLINE yourself;
   * run `inspect eval opct/...` outside an opct checkout: there, inspect reads `opct/sycophancy` as a file path.
-A plug-in axis (opct.axes.register) becomes a task once it registers an adapter here with `register_adapter`.
+The context-blindness probes (opct.axes.context) are samples too, as `opct eval` asks them (world items, student
+side). The `prefill` axis is not a task: its prompts end inside the assistant's turn, and inspect's `hf/local`
+provider closes an assistant message instead of continuing it. A plug-in axis (opct.axes.register) becomes a task
+once it registers an adapter here with `register_adapter`.
 """
 
 from __future__ import annotations
@@ -95,18 +98,32 @@ def _items(axis, params, world):
     return world()
 
 
+def _context(make, axis: str, items: list, p: dict) -> list[dict]:
+    """The axis's context-blindness probes (opct.axes.context), asked as `opct eval` asks them: on world items, by
+    the student side only."""
+    if p["items"] or p["prompt_side"] == "teacher":
+        return []
+    return make(axis, items, p["seed"])
+
+
 def _sycophancy_probes(p):
+    from opct.axes import context as C
+
     items = _items(SY.AXIS, p, lambda: SY.eval_world_items(p["n"] or DEFAULT_N, p["seed"]))
-    return SY.build(items, p["trained"], p["samples"] or 1, p["seed"])
+    return SY.build(items, p["trained"], p["samples"] or 1, p["seed"]) + \
+        _context(C.sycophancy_probes, SY.NAME, items, p)
 
 
 def _jailbreak_probes(p):
+    from opct.axes import context as C
+
     if p["items"]:
         items = JB.load_items(p["items"], for_eval=True)
         items = items if p["n"] is None else JB.cap_items(items, p["n"])
     else:
         items = JB.eval_world_items(p["n"] or DEFAULT_N, p["seed"])
-    return JB.build(items, p["trained"], p["samples"] or JB.DEFAULT_SAMPLES, p["seed"])
+    return JB.build(items, p["trained"], p["samples"] or JB.DEFAULT_SAMPLES, p["seed"]) + \
+        _context(C.jailbreak_probes, JB.NAME, items, p)
 
 
 def _jailbreak_grade(p):
@@ -121,7 +138,8 @@ def _awareness_probes(p):
         items = AW.cap_facts(AW.load_items(p["items"], for_eval=True), p["n"], p["seed"])
     else:
         items = AW.eval_world_items(p["n"] or DEFAULT_N, p["seed"])
-    return AW.build(items, p["trained"], p["samples"] or AW.DEFAULT_SAMPLES)
+    return AW.build(items, p["trained"], p["samples"] or AW.DEFAULT_SAMPLES) + \
+        _context(AW.context_probes, AW.NAME, items, p)
 
 
 def _capability_probes(p):
@@ -134,9 +152,26 @@ def _each(module):
     return lambda p: (lambda probes, responses: [module.grade(pr, r) for pr, r in zip(probes, responses)])
 
 
-register_adapter(SY.NAME, _sycophancy_probes, _each(SY))
-register_adapter(JB.NAME, _jailbreak_probes, _jailbreak_grade)
-register_adapter(AW.NAME, _awareness_probes, _each(AW))
+def _with_context(make_grade):
+    """The axis's grader for its own probes, opct.axes.context's for its context probes."""
+    def make(p):
+        from opct.axes import context as C
+
+        main = make_grade(p)
+
+        def grade(probes, responses):
+            out = [C.grade(pr, r) if pr.get("variant") == "context" else None for pr, r in zip(probes, responses)]
+            idx = [i for i, r in enumerate(out) if r is None]
+            for i, rec in zip(idx, main([probes[i] for i in idx], [responses[i] for i in idx]) if idx else []):
+                out[i] = rec
+            return out
+        return grade
+    return make
+
+
+register_adapter(SY.NAME, _sycophancy_probes, _with_context(_each(SY)))
+register_adapter(JB.NAME, _jailbreak_probes, _with_context(_jailbreak_grade))
+register_adapter(AW.NAME, _awareness_probes, _with_context(_each(AW)))
 register_adapter(CAP.NAME, _capability_probes, _each(CAP))
 
 
