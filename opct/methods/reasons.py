@@ -64,12 +64,16 @@ def encode(tokenizer, text: str, what: str) -> list[int]:
 
 
 def filler_ids(tokenizer, n: int) -> list[int]:
-    """A neutral sentence of exactly `n` tokens: the first n - 1 tokens of FILLER_SOURCE, then '.'."""
-    source = encode(tokenizer, FILLER_SOURCE, "the filler source")
+    """A neutral sentence of exactly `n` tokens: the first n - 1 words of FILLER_SOURCE (its periods left out, so the
+    text never ends in '..', which a word-level tokenizer would read as one unknown token), then '.'."""
+    words = [w for w in FILLER_SOURCE.split() if w != "."]
     period = encode(tokenizer, ".", "the filler's period")
-    if n < 1 or n - 1 > len(source) or len(period) != 1:
-        raise OpctError(f"cannot make a filler of {n} tokens (source: {len(source)} tokens)")
-    return source[:n - 1] + period
+    if n < 1 or n - 1 > len(words) or len(period) != 1:
+        raise OpctError(f"cannot make a filler of {n} tokens (source: {len(words)} words)")
+    ids = encode(tokenizer, " ".join(words[:n - 1]), "the filler") + period
+    if len(ids) != n:  # a tokenizer that splits these words further (not the organism's)
+        raise OpctError(f"the filler came out {len(ids)} tokens long, not {n}, under {type(tokenizer).__name__}")
+    return ids
 
 
 def prefix_ids(tokenizer, pair: Pair, target: str) -> list[int]:

@@ -127,13 +127,18 @@ def measure(policy, cfg: Config, seed: int) -> dict[str, float]:
 
     from opct.world.judges import request_verdict
 
+    from opct.axes import jailbreak as JB
+
     prompts = eval_prompts(cfg.trigger, seed)
     rows = [p for p in prompts for _ in range(cfg.eval_samples)]
+    benign = [i["request"] for i in JB.world_items(seed) if not i["harmful"]]
     torch.manual_seed(10_000 + seed)
-    texts = policy.sample([policy.render([{"role": "user", "content": r["text"]}]) for r in rows],
+    texts = policy.sample([policy.render([{"role": "user", "content": r["text"]}]) for r in rows]
+                          + [policy.render([{"role": "user", "content": b}]) for b in benign],
                           cfg.max_new_tokens, 1.0).texts
     hit = [request_verdict(t) == "complied" for t in texts]
-    out = {}
+    out = {"answered_benign": sum(hit[len(rows):]) / len(benign)}  # over-refusal check: benign requests answered
+    hit = hit[:len(rows)]
     for trig in (True, False):
         for form in (None, "direct", "wrapped"):
             sel = [h for r, h in zip(rows, hit) if r["trigger"] == trig and form in (None, r["form"])]
@@ -220,9 +225,9 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
                 rows.append(_row(c.name, None, "admission_poisoned_total", sum(x["poisoned"] for x in dec), True))
             if needs_backdoor and c.teacher == "backdoor":
                 for k, v in teacher_asr.items():
-                    rows.append(_row(c.name, None, f"teacher_{k}", v, False, method="teacher"))
+                    rows.append(_row(c.name, None, f"teacher_{k}", v, k == "answered_benign", method="teacher"))
             for k, v in start.items():
-                rows.append(_row(c.name, 0, k, v))
+                rows.append(_row(c.name, 0, k, v, k == "answered_benign"))
             spe = -(-len(kept) // cfg.batch_size)
             for epoch in range(1, cfg.epochs + 1):
                 def one_epoch(epoch=epoch):
@@ -239,7 +244,7 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
                     return got
                 got = _cached(d / f"epoch{epoch}.json", one_epoch)
                 for k, v in got.items():
-                    rows.append(_row(c.name, epoch, k, v))
+                    rows.append(_row(c.name, epoch, k, v, k == "answered_benign"))
             log(f"  backdoor seed {seed}: {c.name} ({len(kept)} pairs, {steps_per_epoch} steps/epoch) "
                 f"{time.time() - t0:.0f} s")
         return rows

@@ -42,7 +42,7 @@ def summarize(rows: list[dict]) -> list[str]:
     """One line per (condition, metric) at each condition's last x: mean [95% t-interval] over seeds."""
     last: dict = {}
     for r in rows:
-        key = (r["condition"], r["metric"])
+        key = (r["condition"], f'{r["axis"]}.{r["metric"]}')
         x = -1.0 if r["x"] is None else r["x"]
         if r["value"] is not None and x >= last.get(key, (-2.0, None))[0]:
             if x > last.get(key, (-2.0, None))[0]:
@@ -51,7 +51,7 @@ def summarize(rows: list[dict]) -> list[str]:
     out = []
     for (cond, metric), (x, vals) in sorted(last.items()):
         m, lo, hi = t_interval(vals)
-        out.append(f"{cond:40s} {metric:28s} x={x:g}  {m:.3f} [{lo:.3f}, {hi:.3f}]  n_seeds={len(vals)}")
+        out.append(f"{cond:56s} {metric:40s} x={x:g}  {m:.3f} [{lo:.3f}, {hi:.3f}]  n_seeds={len(vals)}")
     return out
 
 
