@@ -57,8 +57,8 @@ class Condition:
 
 def _grid() -> list[dict]:
     out = [dict(p=p, estimator=e) for p in (0.0, 0.01, 0.03, 0.10) for e in ("full", "topk", "sampled")]
-    out += [dict(p=0.03, estimator=e, clip_tau=1.0) for e in ("full", "topk", "sampled")]
-    out += [dict(p=0.03, admit="filter"), dict(p=0.03, teacher="context")]
+    out += [dict(p=0.10, estimator=e, clip_tau=3.0) for e in ("full", "topk", "sampled")]
+    out += [dict(p=0.0, clip_tau=3.0), dict(p=0.10, admit="filter"), dict(p=0.10, teacher="context")]
     return out
 
 
@@ -74,7 +74,7 @@ class Config:
     epochs: int = option(3, "epochs over the training pairs; the student is measured after each", ge=1)
     batch_size: int = option(8, "pairs per optimizer step", ge=1)
     n_samples: int = option(2, "OPCT samples per pair", ge=1)
-    lr: float = option(1e-3, "learning rate (LoRA)", gt=0)
+    lr: float = option(2e-4, "learning rate (LoRA)", gt=0)
     lora_r: int = option(16, "LoRA rank", ge=1)
     topk: int = option(20, "support of the topk estimator", ge=1)
     max_new_tokens: int = option(48, "response cap in training and evaluation", ge=1)

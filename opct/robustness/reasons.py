@@ -54,13 +54,13 @@ class Config:
     conditions: list[str] = option(list(CONDITIONS), "BCT target variants to train", choices=list(CONDITIONS))
     axes: list[str] = option(list(TRAINED), "axes trained and evaluated", choices=list(TRAINED))
     per_family: Optional[int] = option(12, "items per training family (None = all)", ge=1)
-    max_steps: int = option(20, "BCT optimizer steps (short on purpose: a long run transfers fully even without "
-                                "a reason, leaving nothing to measure)", ge=1)
+    max_steps: int = option(60, "BCT optimizer steps (at 20 the reason sentence is not learned yet; much longer "
+                                "and every arm transfers fully, leaving nothing to measure)", ge=1)
     batch_size: int = option(8, "pairs per step", ge=1)
     lr: float = option(1e-3, "learning rate (LoRA)", gt=0)
     lora_r: int = option(16, "LoRA rank", ge=1)
     max_new_tokens: int = option(64, "target and eval response cap (the reason adds up to ~20 tokens)", ge=1)
-    eval_n: int = option(24, "items per axis in the evaluation (jailbreak: harmful and benign requests each)", ge=1)
+    eval_n: int = option(16, "items per axis in the evaluation (jailbreak: harmful and benign requests each)", ge=1)
     eval_samples: int = option(1, "samples per eval prompt (temperature 1)", ge=1)
 
     def __post_init__(self):
