@@ -278,7 +278,9 @@ def test_study_configs_load_and_bad_fields_name_the_field():
     for name, mod in (("robustness-backdoor.yaml", backdoor), ("robustness-reasons.yaml", reasons)):
         data = load_config_file(root / name)
         for key, block in data.items():
+            assert "model" not in block  # the runner sets it
             construct(mod.Config, block, prefix=key)
+            construct(mod.Config, {**block, **mod.QUICK}, prefix=key)
     with pytest.raises(OpctError, match=r"backdoor.conditions\[0\].estimator"):
         construct(backdoor.Config, {"conditions": [{"estimator": "paper"}]}, prefix="backdoor")
     with pytest.raises(OpctError, match="reasons.conditions"):

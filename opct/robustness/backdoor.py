@@ -91,6 +91,12 @@ class Config:
             raise ConfigError("conditions", "must not be empty")
 
 
+# `--quick`: field overrides for a smoke-test size (32 pairs, 2 epochs, 4 conditions; about a minute a seed alone)
+QUICK = {"per_family": 8, "epochs": 2, "eval_samples": 2, "backdoor_steps": 30,
+         "conditions": [{"p": 0.0}, {"p": 0.10}, {"p": 0.10, "estimator": "sampled", "clip_tau": 3.0},
+                        {"p": 0.10, "admit": "filter"}]}
+
+
 # ------------------------------------------------------------------------------------------------ pieces
 
 def training_pairs(cfg: Config, seed: int):

@@ -69,6 +69,11 @@ class Config:
             raise ConfigError("conditions", "must be a non-empty list without repeats")
 
 
+# `--quick`: field overrides for a smoke-test size (sycophancy only, 3 targets; about 30 s a seed alone)
+QUICK = {"conditions": ["plain", "reason", "filler"], "axes": ["sycophancy"], "per_family": 8, "max_steps": 6,
+         "eval_n": 12}
+
+
 def training_pairs(cfg: Config, seed: int):
     from opct.axes import AXES
     from opct.pairs.make import make_pairs

@@ -1,6 +1,6 @@
 """Run one robustness study alone, for testing it: `python -m opct.robustness.<study> CONFIG [--seeds 0 1 2]
-[--out DIR] [--block KEY]`. CONFIG is a YAML/JSON file; its mapping under KEY (default: the study's name, else the
-whole file) holds the study's `Config` fields. Rows go to OUT/rows.jsonl; a summary (mean and 95% t-interval over
+[--out DIR] [--block KEY] [--quick]`. CONFIG is a YAML/JSON file; its mapping under KEY (default: the study's name,
+else the whole file) holds the study's `Config` fields; `--quick` puts the study's QUICK on top. Rows go to OUT/rows.jsonl; a summary (mean and 95% t-interval over
 seeds of every metric at the last x) is printed. A rerun resumes (finished pieces are kept)."""
 
 from __future__ import annotations
@@ -17,7 +17,10 @@ ROW_KEYS = ("study", "method", "axis", "condition", "x", "metric", "value", "hig
 
 
 def check_rows(rows: list[dict], study: str) -> None:
-    """Every row is well-formed (the study contract); an AssertionError naming the first bad row otherwise."""
+    """Every row is well-formed (the study contract) and its key (study, method, axis, condition, x, metric) is
+    unique within the seed; an AssertionError naming the first bad row otherwise."""
+    keys = [tuple(r.get(k) for k in ROW_KEYS[:6]) for r in rows]
+    assert len(set(keys)) == len(keys), "duplicate row keys"
     for r in rows:
         assert tuple(sorted(r)) == tuple(sorted(ROW_KEYS)), f"row keys {sorted(r)}"
         assert r["study"] == study and isinstance(r["method"], str) and isinstance(r["axis"], str), r
@@ -65,10 +68,13 @@ def main(study_module, argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--out", default=f"runs/robustness-{name}")
     ap.add_argument("--block", default=name)
+    ap.add_argument("--quick", action="store_true", help="the study's smoke-test size (its QUICK)")
     args = ap.parse_args(argv)
     try:
         data = load_config_file(args.config)
         block = data.get(args.block, data) if isinstance(data.get(args.block), dict) else data
+        if args.quick:
+            block = {**block, **getattr(study_module, "QUICK", {})}
         try:
             cfg = construct(study_module.Config, block, prefix=args.block if block is not data else "")
         except OpctError as e:
