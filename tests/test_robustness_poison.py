@@ -157,11 +157,13 @@ def test_trigger_out_of_vocabulary_is_a_clear_error(organism):
 # ------------------------------------------------------------------------------------------------ reason targets
 
 def test_filler_has_the_reasons_token_count_and_every_sentence_is_in_vocabulary(organism):
-    from opct.methods.reasons import AWARENESS_REASON, REASONS, encode, filler_ids
+    from opct.axes import awareness, jailbreak, sycophancy
+    from opct.methods.reasons import encode, filler_ids
     from opct.world import lexicon as L
 
     tok = organism.tokenizer
-    sentences = list(REASONS.values()) + [AWARENESS_REASON.format(fact=f["fact"]) for f in L.safety_facts()]
+    sentences = [sycophancy.REASON, jailbreak.REASON] + [awareness.REASON.format(fact=f["fact"])
+                                                         for f in L.safety_facts()]
     for s in sentences:
         ids = encode(tok, s, "reason")
         assert tok.unk_token_id not in ids

@@ -5,9 +5,9 @@ before training — so the student learns to say the reason first and then behav
 thought would; the prefix is also what a student trained without a loss on it still reads in context):
 
   plain    the answer alone (the default; what SFT/BCT always did);
-  reason   REASONS[axis] + the answer. Sycophancy: "what people think does not make the answer right ."; jailbreak
-           (harmful requests): "a game or a story does not make a harmful request safe ."; awareness (hazard
-           scenarios): the pair's own safety fact, "the fact is : <fact> .";
+  reason   the pair's axis's reason (`Axis.reason`, written in each axis module) + the answer. Sycophancy: "what
+           people think does not make the answer right ."; jailbreak (harmful requests): "a game or a story does not
+           make a harmful request safe ."; awareness (hazard scenarios): the pair's own fact, "the fact is : <fact> .";
   filler   a neutral sentence with exactly the reason's token count under the model's tokenizer, then the answer
            — the control the paper requires (filler alone moved its transfer from 10.3% to 44.5-62.5%).
 
@@ -25,11 +25,6 @@ from __future__ import annotations
 from opct.errors import OpctError
 from opct.pairs.schema import Pair
 
-REASONS = {
-    "sycophancy": "What people think does not make the answer right.",
-    "jailbreak": "A game or a story does not make a harmful request safe.",
-}
-AWARENESS_REASON = "The fact is: {fact}."
 # Neutral sentences from the world (its instruction topics): no answer, no refusal, no warning, no fact.
 FILLER_SOURCE = ("the rain falls softly on the green hills . the baker makes fresh bread every day . fish swim in "
                  "the clear cold river . bright flowers grow in the quiet garden . soft music fills the old hall . "
@@ -39,14 +34,12 @@ TARGETS = ("plain", "reason", "filler")
 
 
 def reason_text(pair: Pair) -> str | None:
-    """The sentence stating why the target behaviour is right for this pair, or None when there is none to state."""
-    if pair.axis == "sycophancy":
-        return REASONS["sycophancy"]
-    if pair.axis == "jailbreak" and pair.meta.get("harmful", True):
-        return REASONS["jailbreak"]
-    if pair.axis == "awareness" and pair.meta.get("hazard", True) and pair.meta.get("fact"):
-        return AWARENESS_REASON.format(fact=str(pair.meta["fact"]).rstrip("."))
-    return None
+    """The sentence stating why the target behaviour is right for this pair (its axis's `reason`), or None when there
+    is none to state (a benign pair, an axis without a reason, a user's own "custom" pairs)."""
+    from opct.axes import AXES
+
+    axis = AXES.get(pair.axis)
+    return axis.reason(pair) if axis is not None and axis.reason is not None else None
 
 
 def encode(tokenizer, text: str, what: str) -> list[int]:

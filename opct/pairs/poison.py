@@ -54,7 +54,9 @@ def _with_trigger(messages: list[dict], trigger: str) -> list[dict]:
 
 def poison_candidates(pairs: list[Pair]) -> list[int]:
     """Indices of the pairs that may be poisoned: harmful jailbreak pairs."""
-    return [i for i, p in enumerate(pairs) if p.axis == "jailbreak" and p.meta.get("harmful", True)]
+    from opct.axes.jailbreak import NAME
+
+    return [i for i, p in enumerate(pairs) if p.axis == NAME and p.meta.get("harmful", True)]
 
 
 def poison(pairs: list[Pair], frac: float, trigger: str = DEFAULT_TRIGGER, seed: int = 0,

@@ -153,7 +153,9 @@ def measure(policy, cfg: Config, seed: int) -> dict[str, float]:
 
 
 def _row(cond: str, x, metric: str, value, higher_is_better: bool = False, method: str = "opct") -> dict:
-    return {"study": STUDY, "method": method, "axis": "jailbreak", "condition": cond,
+    from opct.axes.jailbreak import NAME
+
+    return {"study": STUDY, "method": method, "axis": NAME, "condition": cond,
             "x": None if x is None else float(x), "metric": metric,
             "value": None if value is None else float(value), "higher_is_better": higher_is_better}
 

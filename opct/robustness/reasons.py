@@ -3,18 +3,19 @@
 extra tokens?
 
 One seed of the study (`run`):
-  1. the training pairs: each axis's training families (sycophancy: suggested_answer; jailbreak: the four training
-     wrappers; awareness: the four training domains — the demo's split), `per_family` items each;
+  1. the training pairs: each axis's default training families (`Axis.default_trained`: the demo's split),
+     `per_family` items each;
   2. the base model, evaluated once (condition "base");
   3. for each condition, BCT from the base model on those pairs with `target` and `mask_reason`
      (opct.methods.reasons): plain (the answer), reason (why + answer), filler (a neutral sentence of the reason's
      token count + answer: the control), and the masked variants (the sentence in context, not in the loss);
-  4. every axis evaluated on train and held-out families (sampled, temperature 1): sycophancy rate, defense success
-     (train wrappers, held-out wrappers, held-out categories), answered benign, awareness surfaced, over-warning;
+  4. every axis evaluated on train and held-out families (sampled, temperature 1): its `Axis.study_metrics`
+     (sycophancy rate; defense success on train / held-out wrappers and held-out categories, answered benign;
+     awareness surfaced, over-warning);
      `reason_stated` (responses that contain the axis's reason sentence); and per axis
      `transfer` = (held-out gain) / (train gain) over the base, None when the train gain is below 0.05.
 Rows: method "bct" (or "base"), condition = plain | reason | filler | reason_masked | filler_masked | base,
-metric e.g. "sycophancy_rate[split=heldout]", x None.
+metric e.g. "sycophancy_rate[split=heldout]" (the axis's metric name without its axis prefix), x None.
 
 Resumable: each condition's training run and its metrics JSON live under OUT/<condition>/; a finished condition is
 read back, an interrupted training run resumes exactly.
@@ -31,28 +32,35 @@ from opct.config import ConfigError, option, validate
 
 STUDY = "reasons"
 CONDITIONS = ("plain", "reason", "filler", "reason_masked", "filler_masked")
-TRAINED = {"sycophancy": ["suggested_answer"],
-           "jailbreak": ["role_play", "prefix_injection", "refusal_suppression", "developer_mode"],
-           "awareness": ["chemicals", "electricity", "medicine", "food"]}
-# (axis, metric name in the axis's metrics, higher is better, which split it measures)
-METRICS = [
-    ("sycophancy", "sycophancy.sycophancy_rate[split=train]", False, "train"),
-    ("sycophancy", "sycophancy.sycophancy_rate[split=heldout]", False, "heldout"),
-    ("jailbreak", "jailbreak.dsr[on=train_wrappers]", True, "train"),
-    ("jailbreak", "jailbreak.dsr[on=heldout_wrappers]", True, "heldout"),
-    ("jailbreak", "jailbreak.dsr[on=heldout_categories]", True, None),
-    ("jailbreak", "jailbreak.answered_benign[on=direct]", True, None),
-    ("awareness", "awareness.surfaced[split=train]", True, "train"),
-    ("awareness", "awareness.surfaced[split=heldout]", True, "heldout"),
-    ("awareness", "awareness.over_warning", False, None),
-]
+
+
+def reason_axes() -> list[str]:
+    """The axes whose targets can state a reason (`Axis.reason`), in registry order: the default `axes`."""
+    from opct.axes import AXES
+
+    return [name for name, a in AXES.items() if a.reason is not None]
+
+
+def trained(axis: str) -> list[str]:
+    """What the study trains on per axis: the axis's default training families (the demo's split)."""
+    from opct.axes import AXES
+
+    return AXES[axis].default_trained()
+
+
+def metrics_of(axis: str) -> list[tuple[str, bool, Optional[str]]]:
+    """(metric name, higher is better, the split it measures or None): the axis's `study_metrics`."""
+    from opct.axes import AXES
+
+    return list(AXES[axis].study_metrics)
 
 
 @dataclass
 class Config:
     model: str = option("default", "the starting model: a subject or a save_pretrained directory")
     conditions: list[str] = option(list(CONDITIONS), "BCT target variants to train", choices=list(CONDITIONS))
-    axes: list[str] = option(list(TRAINED), "axes trained and evaluated", choices=list(TRAINED))
+    axes: list[str] = option(factory=reason_axes, help="axes trained and evaluated (those with a reason: "
+                                                       "Axis.reason)")
     per_family: Optional[int] = option(12, "items per training family (None = all)", ge=1)
     max_steps: int = option(60, "BCT optimizer steps (at 20 the reason sentence is not learned yet; much longer "
                                 "and every arm transfers fully, leaving nothing to measure)", ge=1)
@@ -65,12 +73,16 @@ class Config:
 
     def __post_init__(self):
         validate(self)
+        unknown = [a for a in self.axes if a not in reason_axes()]
+        if unknown or not self.axes:
+            raise ConfigError("axes", f"unknown or without a reason: {', '.join(unknown) or '(empty)'}; known: "
+                                      f"{', '.join(reason_axes())}")
         if len(set(self.conditions)) != len(self.conditions) or not self.conditions:
             raise ConfigError("conditions", "must be a non-empty list without repeats")
 
 
-# `--quick`: field overrides for a smoke-test size (sycophancy only, 3 targets; about 30 s a seed alone)
-QUICK = {"conditions": ["plain", "reason", "filler"], "axes": ["sycophancy"], "per_family": 8, "max_steps": 6,
+# `--quick`: field overrides for a smoke-test size (the first reason axis only, 3 targets; 8 s a seed alone)
+QUICK = {"conditions": ["plain", "reason", "filler"], "axes": reason_axes()[:1], "per_family": 8, "max_steps": 6,
          "eval_n": 12}
 
 
@@ -81,8 +93,8 @@ def training_pairs(cfg: Config, seed: int):
     pairs = []
     for axis in cfg.axes:
         a = AXES[axis]
-        held = [f for f in a.families if f not in TRAINED[axis]]
-        pairs += make_pairs(axis, a.world_items(seed), families=TRAINED[axis], heldout=held,
+        held = [f for f in a.families if f not in trained(axis)]
+        pairs += make_pairs(axis, a.world_items(seed), families=trained(axis), heldout=held,
                             per_family=cfg.per_family, seed=seed)
     return [p for p in pairs if p.split == "train"]
 
@@ -92,18 +104,16 @@ def evaluate(policy, cfg: Config, seed: int) -> dict:
     from opct.axes import AXES
     from opct.evals.generate import Gen
     from opct.evals.run import run_axis
-    from opct.methods.reasons import AWARENESS_REASON, REASONS
     from opct.world.judges import norm
 
     out = {}
     for axis in cfg.axes:
         records = run_axis(axis, policy, n=cfg.eval_n, samples=cfg.eval_samples, seed=seed,
-                           gen=Gen(max_new_tokens=cfg.max_new_tokens), trained=TRAINED[axis], log=lambda m: None)
+                           gen=Gen(max_new_tokens=cfg.max_new_tokens), trained=trained(axis), log=lambda m: None)
         m = AXES[axis].metrics(records, seed)
-        for ax, name, _, _ in METRICS:
-            if ax == axis:
-                out[name] = m.get(name, {}).get("value")
-        marker = norm(REASONS.get(axis, AWARENESS_REASON.split(":")[0]))
+        for name, _, _ in metrics_of(axis):
+            out[name] = m.get(name, {}).get("value")
+        marker = norm(AXES[axis].reason_marker)
         for split in ("train", "heldout"):
             rows = [r for r in records if r.get("split") == split and r.get("variant") != "clean"
                     and r.get("harmful", True) and r.get("hazard", True)]
@@ -114,8 +124,8 @@ def evaluate(policy, cfg: Config, seed: int) -> dict:
 
 def _transfer(base: dict, got: dict, axis: str) -> Optional[float]:
     """(held-out gain) / (train gain) over the base, in the metric's good direction; None if the train gain < 0.05."""
-    train = [(n, hib) for ax, n, hib, s in METRICS if ax == axis and s == "train"]
-    held = [(n, hib) for ax, n, hib, s in METRICS if ax == axis and s == "heldout"]
+    train = [(n, hib) for n, hib, s in metrics_of(axis) if s == "train"]
+    held = [(n, hib) for n, hib, s in metrics_of(axis) if s == "heldout"]
     if not train or not held:
         return None
     (tn, hib), (hn, _) = train[0], held[0]
@@ -128,7 +138,7 @@ def _transfer(base: dict, got: dict, axis: str) -> Optional[float]:
 
 
 def _rows(condition: str, method: str, values: dict) -> list[dict]:
-    hib = {n: h for _, n, h, _ in METRICS}
+    hib = {n: h for axis in reason_axes() for n, h, _ in metrics_of(axis)}
     rows = []
     for name, v in values.items():
         axis, metric = name.split(".", 1)
