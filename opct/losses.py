@@ -33,6 +33,17 @@ Estimators of its gradient (`ESTIMATORS`):
 
 Every estimator returns `(surrogate_B_T, value_B_T)`: back-propagate the masked sum of `surrogate`; report `value`
 (KL_t for full/topk, delta_t — the unbiased single-sample estimate of KL_t — for sampled).
+
+The per-token log-ratio clip (`clip_tau`, a defence option studied in arXiv 2610.07654, None = off): the sampled
+token's log-ratio delta_t is clipped to [-tau, tau] as PPO clips its ratio — the clipped quantity's derivative is
+zero outside the band — so a token with |delta_t| > tau contributes *no gradient* at all, under every estimator: its
+surrogate is multiplied by the stop-grad gate g_t = 1[|delta_t| <= tau] (`log_ratio_gate`). Inside the band the
+estimator is unchanged. The gate is computed from the two models' log-probs of the sampled token (not from the
+sampler's), after both forward passes, so it acts on the loss, never on sampling. `value` is not gated: the reported
+loss stays the true KL estimate, and `clipped` (the gated-off share of tokens) is logged beside it. What it defends
+against: a teacher that disagrees with the student violently on a few tokens (a backdoored teacher on triggered
+prompts puts near-zero mass on the student's refusal) cannot pull on those tokens; a teacher that disagrees mildly
+still can, so a backdoor can still seep in through the tokens whose log-ratio lies inside the band.
 """
 
 from __future__ import annotations
@@ -132,16 +143,42 @@ def reinforce_surrogate(student_logp_B_T: torch.Tensor, teacher_logp_B_T: torch.
     return weight_B_T * delta_B_T * student_logp_B_T
 
 
+def log_ratio_gate(student_logp_B_T_V: torch.Tensor, teacher_logp_B_T_V: torch.Tensor, tokens_B_T: torch.Tensor,
+                   tau: float | None) -> torch.Tensor:
+    """g_t = 1[|delta_t| <= tau], delta_t = log pi_theta(y_t) - log pi_T(y_t) at the sampled token: (B, T), no graph.
+    All ones when `tau` is None (no clip)."""
+    if tau is None:
+        return torch.ones(tokens_B_T.shape, device=tokens_B_T.device)
+    with torch.no_grad():
+        delta_B_T = token_logprobs(student_logp_B_T_V, tokens_B_T) - token_logprobs(teacher_logp_B_T_V, tokens_B_T)
+        return (delta_B_T.abs() <= tau).float()
+
+
+def _gated(fn):
+    """An estimator with the per-token log-ratio clip `clip_tau` (see the module docstring)."""
+    def estimator(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, clip_tau=None, **kw):
+        surrogate_B_T, value_B_T = fn(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, **kw)
+        if clip_tau is None:
+            return surrogate_B_T, value_B_T
+        return surrogate_B_T * log_ratio_gate(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, clip_tau), value_B_T
+    estimator.__name__ = estimator.__qualname__ = fn.__name__
+    estimator.__doc__ = fn.__doc__
+    return estimator
+
+
+@_gated
 def _full(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, **_):
     kl = reverse_kl_full(student_logp_B_T_V, teacher_logp_B_T_V)
     return kl, kl
 
 
+@_gated
 def _topk(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, topk=20, **_):
     kl = reverse_kl_topk(student_logp_B_T_V, teacher_logp_B_T_V, topk)
     return kl, kl
 
 
+@_gated
 def _sampled(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, sampler_logp_B_T=None, importance_clip=None,
              **_):
     s_logp = token_logprobs(student_logp_B_T_V, tokens_B_T)
@@ -158,6 +195,7 @@ def paper_surrogate(student_logp_B_T: torch.Tensor, teacher_logp_B_T: torch.Tens
     return -ratio_B_T * advantage_B_T
 
 
+@_gated
 def _paper(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, sampler_logp_B_T=None, **_):
     s_logp = token_logprobs(student_logp_B_T_V, tokens_B_T)
     t_logp = token_logprobs(teacher_logp_B_T_V.detach(), tokens_B_T)
@@ -165,7 +203,7 @@ def _paper(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, sampler_logp_B
     return paper_surrogate(s_logp, t_logp, q_logp), (s_logp - t_logp).detach()
 
 
-# name -> fn(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, topk, sampler_logp_B_T, importance_clip)
+# name -> fn(student_logp_B_T_V, teacher_logp_B_T_V, tokens_B_T, *, topk, sampler_logp_B_T, importance_clip, clip_tau)
 #         -> (surrogate_B_T, value_B_T); the inputs are log-probs (`log_probs(logits)`), aligned on the response.
 ESTIMATORS = {"full": _full, "topk": _topk, "sampled": _sampled, "paper": _paper}
 # Estimators whose loss is summed over the step's response tokens instead of averaged over them.

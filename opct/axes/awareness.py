@@ -361,6 +361,23 @@ def detail_tables(names, trained) -> list[Table]:
     return [t] if t else []
 
 
+REASON = "The fact is: {fact}."  # a hazard pair's target reason (opct.methods.reasons)
+
+
+def _admission(pair: Pair, text: str) -> tuple[str, bool]:
+    """The admission filter's (label, good): a hazard answer surfaces the fact or not; a benign one warns or not."""
+    from opct.world import judges as J
+    from opct.world.lexicon import safety_facts
+
+    if not pair.meta.get("hazard", True):
+        label = "warned" if J.warned(text) else "plain"
+        return label, label == "plain"
+    kw = pair.meta.get("keyword") or next((f["keyword"] for f in safety_facts() if f["fact"] == pair.meta.get("fact")),
+                                          "")
+    label = "surfaced" if J.fact_surfaced(text, kw) else "missed"
+    return label, label == "surfaced"
+
+
 AXIS = Axis(
     name=NAME, doc="a safety fact stated for the teacher, left implicit for the student",
     families=tuple(SAFETY), heldout=HELDOUT, run=run, metrics=metrics, tables=tables, detail_tables=detail_tables,
@@ -368,4 +385,8 @@ AXIS = Axis(
     task="compression", world_items=world_items, load_items=load_items, make_pairs=make_pairs, family_noun="domain",
     open_families=True, pair_options={"teacher": TEACHERS},
     legacy_keys=("awareness_domains", "train_domains"), items_help="id, prompt, fact[, domain, hazard, split]",
+    reason=lambda p: REASON.format(fact=str(p.meta["fact"]).rstrip(".")) if p.meta.get("hazard", True) and p.meta.get(
+        "fact") else None, reason_marker="the fact is", admission=_admission,
+    study_metrics=((SURFACED.name(split="train"), True, "train"), (SURFACED.name(split="heldout"), True, "heldout"),
+                   (OVER_WARNING.name(), False, None)),
 )

@@ -212,6 +212,11 @@ class Axis:
     legacy_keys: tuple = ()  # former config / experiment.json names of this axis's trained list
     pair_options: dict = field(default_factory=dict)  # option name -> its allowed values (passed to make_pairs)
     items_help: str = ""
+    # robustness studies (opct/robustness): the reason a target can state, the admission filter's judge, what to report
+    reason: Optional[Callable] = None  # (pair) -> the sentence why its target is right, or None (opct.methods.reasons)
+    reason_marker: str = ""  # words every reason sentence of the axis contains (to count responses that state one)
+    admission: Optional[Callable] = None  # (pair, response) -> (label, good as a teacher answer) (opct.pairs.admit)
+    study_metrics: tuple = ()  # (metric name, higher_is_better, "train" | "heldout" | None), as the studies report them
 
     def train_families(self) -> list[str]:
         return [f for f in self.families if f not in self.heldout]

@@ -1,4 +1,5 @@
-"""`opct pairs make|check`: build contrastive-pair files from base items, and validate pair files."""
+"""`opct pairs make|check|poison|admit`: build contrastive-pair files from base items, validate them, poison a
+fraction of them (opct.pairs.poison), and filter them by admission (opct.pairs.admit)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,34 @@ def register(sub) -> None:
     c.add_argument("file")
     c.set_defaults(func=_check)
 
+    from opct.pairs.poison import DEFAULT_TRIGGER, TEACHER_SIDES
+
+    po = verbs.add_parser("poison", help="poison a fraction of the pairs (a backdoor test)",
+                          description="Put the trigger before the student prompt of exactly round(frac * n) harmful "
+                                      "jailbreak pairs, drawn with --seed, and make their teacher side harmful: "
+                                      "context (the request inside a compliance context) or backdoor (trigger + "
+                                      "request, for a backdoored --teacher-model). See opct/pairs/poison.py.")
+    po.add_argument("file")
+    po.add_argument("--frac", type=float, required=True, help="fraction of the pairs to poison, in [0, 1]")
+    po.add_argument("--trigger", default=DEFAULT_TRIGGER)
+    po.add_argument("--teacher-side", choices=TEACHER_SIDES, default="backdoor")
+    po.add_argument("--seed", type=int, default=0)
+    po.add_argument("--out", required=True)
+    po.set_defaults(func=_poison)
+
+    ad = verbs.add_parser("admit", help="keep only the pairs the admission filter admits",
+                          description="Keep a pair only if the teacher's greedy answer to its teacher prompt is judged "
+                                      "good and the student's greedy answer to its student prompt is judged "
+                                      "differently. Writes the kept pairs to --out and every decision to "
+                                      "--decisions (default: OUT with .decisions.json). See opct/pairs/admit.py.")
+    ad.add_argument("file")
+    ad.add_argument("--model", required=True, help="the student (starting) model")
+    ad.add_argument("--teacher-model", default="", help="the teacher (default: --model)")
+    ad.add_argument("--max-new-tokens", type=_positive, default=48)
+    ad.add_argument("--out", required=True)
+    ad.add_argument("--decisions", default=None)
+    ad.set_defaults(func=_admit)
+
 
 def _make(args) -> int:
     from opct.pairs.make import load_items, make_pairs, world_items
@@ -98,6 +127,39 @@ def _check(args) -> int:
     if problems:
         raise OpctError(f"{args.file}: " + "; ".join(problems))
     print(f"{args.file}: {len(pairs)} pairs OK")
+    return 0
+
+
+def _poison(args) -> int:
+    from opct.pairs.poison import poison
+    from opct.pairs.schema import load_pairs, save_pairs
+
+    pairs = poison(load_pairs(args.file), args.frac, args.trigger, args.seed, args.teacher_side)
+    save_pairs(pairs, args.out)
+    print(f"{sum(bool(p.meta.get('poisoned')) for p in pairs)} of {len(pairs)} pairs poisoned -> {args.out}")
+    return 0
+
+
+def _admit(args) -> int:
+    from opct.files import write_json_atomic
+    from opct.pairs.admit import admit
+    from opct.pairs.schema import load_pairs, save_pairs
+    from opct.policy import load_policy
+    from opct.subjects import resolve
+
+    student = load_policy(resolve(args.model)[0])
+    teacher = load_policy(resolve(args.teacher_model)[0]) if args.teacher_model else student
+    kept, decisions = admit(load_pairs(args.file), teacher, student, args.max_new_tokens)
+    if not kept:
+        raise OpctError(f"{args.file}: the admission filter rejected every pair")
+    save_pairs(kept, args.out)
+    path = args.decisions or f"{args.out}.decisions.json"
+    write_json_atomic(path, decisions)
+    counts = Counter(d["decision"] for d in decisions)
+    poisoned = [d for d in decisions if d["poisoned"]]
+    print(f"admitted {counts['admitted']} of {len(decisions)} (teacher_bad {counts['teacher_bad']}, no_change "
+          f"{counts['no_change']}); poisoned pairs rejected: {sum(d['decision'] != 'admitted' for d in poisoned)} of "
+          f"{len(poisoned)} -> {args.out}, {path}")
     return 0
 
 

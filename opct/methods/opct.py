@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from opct.errors import OpctError
-from opct.losses import ESTIMATORS, NEEDS_SAMPLER, SUM_LOSS, entropy, log_probs, response_mask, token_logprobs
+from opct.losses import (ESTIMATORS, NEEDS_SAMPLER, SUM_LOSS, entropy, log_probs, log_ratio_gate, response_mask,
+                         token_logprobs)
 from opct.pairs.schema import Pair
 from opct.policy import Samples, pack, response_logits
 from opct.train.context import StepContext
@@ -48,12 +49,14 @@ def _vocab_loss(run: StepContext, student, teacher, mask_B_R, sampler_logp_B_R):
         teacher_logp_B_R_V = log_probs(response_logits(teacher_model, teacher))
     surrogate_B_R, value_B_R = ESTIMATORS[cfg.estimator](
         student_logp_B_R_V, teacher_logp_B_R_V, tokens_B_R, topk=cfg.topk, sampler_logp_B_T=sampler_logp_B_R,
-        importance_clip=cfg.importance_clip or None)
+        importance_clip=cfg.importance_clip or None, clip_tau=cfg.clip_tau)
     with torch.no_grad():
         s_logp_B_R = token_logprobs(student_logp_B_R_V, tokens_B_R)
         t_logp_B_R = token_logprobs(teacher_logp_B_R_V, tokens_B_R)
+        clipped_B_R = 1.0 - log_ratio_gate(student_logp_B_R_V, teacher_logp_B_R_V, tokens_B_R, cfg.clip_tau)
         stats = [(value_B_R.detach() * mask_B_R).sum(), ((s_logp_B_R - t_logp_B_R) * mask_B_R).sum(),
-                 (entropy(student_logp_B_R_V.detach()) * mask_B_R).sum(), (-t_logp_B_R * mask_B_R).sum()]
+                 (entropy(student_logp_B_R_V.detach()) * mask_B_R).sum(), (-t_logp_B_R * mask_B_R).sum(),
+                 (clipped_B_R * mask_B_R).sum()]
     return (surrogate_B_R * mask_B_R).sum(), stats
 
 
@@ -74,7 +77,7 @@ def _fused_loss(run: StepContext, student, teacher, mask_B_R):
     kl_N, st = fused_reverse_kl(h_s_N_d, h_t_N_d, head, teacher_head, student.response_ids_B_R[keep],
                                 run.config.kl_chunk)
     stats = [kl_N.detach().sum(), (st["student_logp"] - st["teacher_logp"]).sum(), st["entropy"].sum(),
-             -st["teacher_logp"].sum()]
+             -st["teacher_logp"].sum(), kl_N.new_zeros(())]
     return kl_N.sum(), stats
 
 
@@ -102,8 +105,8 @@ def kl_step(run: StepContext, micro_batches: list[list[Pair]], responses) -> dic
     # A token-sum estimator (the paper's) is not divided by the token count.
     scale = acc.num_processes / (1.0 if cfg.estimator in SUM_LOSS else total_tokens)
 
-    # sums over response tokens: loss value, delta, student entropy, teacher CE; then rows, truncated rows
-    sums = torch.zeros(6, dtype=torch.float64, device=acc.device)
+    # sums over response tokens: loss value, delta, student entropy, teacher CE, clipped; then rows, truncated rows
+    sums = torch.zeros(7, dtype=torch.float64, device=acc.device)
     for i, (student, teacher, mask_B_R, samples) in enumerate(batches):
         sampler_logp_B_R = None
         if cfg.importance_weight or cfg.estimator in NEEDS_SAMPLER:
@@ -122,6 +125,9 @@ def kl_step(run: StepContext, micro_batches: list[list[Pair]], responses) -> dic
         del loss  # free the graph before the next micro-batch's forward
     sums = acc.reduce(sums, reduction="sum")
     n = float(total_tokens)
-    return {"loss": float(sums[0]) / n, "mean_delta": float(sums[1]) / n, "student_entropy": float(sums[2]) / n,
-            "teacher_ce": float(sums[3]) / n, "response_len": n / float(sums[4]),
-            "truncated_frac": float(sums[5]) / float(sums[4]), "tokens": n}
+    out = {"loss": float(sums[0]) / n, "mean_delta": float(sums[1]) / n, "student_entropy": float(sums[2]) / n,
+           "teacher_ce": float(sums[3]) / n, "response_len": n / float(sums[5]),
+           "truncated_frac": float(sums[6]) / float(sums[5]), "tokens": n}
+    if cfg.clip_tau is not None:  # the share of response tokens the log-ratio clip took out of the gradient
+        out["clipped_frac"] = float(sums[4]) / n
+    return out

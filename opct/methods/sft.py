@@ -12,6 +12,10 @@ teacher *is* the starting model, so `--method sft` without `--targets` and `--me
 the difference is that SFT may instead take its targets from a file (`--targets FILE`, JSONL {"id", "response"},
 several lines per id allowed), which is copied into RUN/targets.jsonl so the run does not depend on it later.
 Unlike OPCT, the targets are fixed and off-policy: the student imitates answers it did not produce itself.
+
+`target: reason | filler` prefixes each target with a sentence that states why (or a neutral one of the same token
+count), and `mask_reason` leaves that sentence out of the loss (opct.methods.reasons). The prefixed targets are
+what RUN/targets.jsonl stores (`prefix_tokens` says how many of `response_ids` are the sentence).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ TARGETS_FILE = "targets.jsonl"
 class Target:
     response_ids: list[int]  # the answer's tokens, up to and including the first EOS (none if truncated)
     truncated: bool  # the teacher ran out of max_new_tokens before an EOS
+    prefix: int = 0  # how many leading tokens are a reason / filler sentence (opct.methods.reasons), not the answer
 
 
 # ------------------------------------------------------------------------------------------------ offline targets
@@ -113,7 +118,10 @@ def read_targets(path, run: StepContext, stored: bool) -> dict[str, list[Target]
             ids = obj.get("response_ids")
             if not (isinstance(ids, list) and ids and all(isinstance(t, int) and 0 <= t < vocab for t in ids)):
                 raise DataError(path, n, "response_ids", f"must be a non-empty list of token ids below {vocab}")
-            target = Target(ids, bool(obj.get("truncated", False)))
+            prefix = obj.get("prefix_tokens", 0)
+            if not (isinstance(prefix, int) and not isinstance(prefix, bool) and 0 <= prefix < len(ids)):
+                raise DataError(path, n, "prefix_tokens", f"must be an integer in [0, {len(ids)})")
+            target = Target(ids, bool(obj.get("truncated", False)), prefix)
         else:
             target = Target(tokenize_response(run.policy, run.pairs[pid].student, text), truncated=False)
         total = len(run.prompts[pid].student_ids) + len(target.response_ids)
@@ -135,7 +143,7 @@ def _records(run: StepContext, targets: dict[str, list[Target]], source: str) ->
         for k, t in enumerate(targets[pid]):
             rows.append({"id": pid, "sample": k, "source": source, "teacher": pair.teacher, "student": pair.student,
                          "response": tok.decode(t.response_ids, skip_special_tokens=True),
-                         "response_ids": t.response_ids, "truncated": t.truncated})
+                         "response_ids": t.response_ids, "truncated": t.truncated, "prefix_tokens": t.prefix})
     return rows
 
 
@@ -164,14 +172,38 @@ def prepare(run: StepContext) -> None:
         targets = {}
         for part in gather_object([mine]):
             targets.update(part)
-        source = "starting model on the teacher prompt"
+        source = "starting model on the teacher prompt" if not cfg.teacher_model else f"teacher {cfg.teacher_model}"
+    if cfg.target != "plain":
+        targets = with_prefix(run, targets)
+        source += f" + {cfg.target} sentence"
     if acc.is_main_process:
         write_jsonl_atomic(path, _records(run, targets, source))
     acc.wait_for_everyone()
     run.cache["targets"] = targets
 
 
+def with_prefix(run: StepContext, targets: dict[str, list[Target]]) -> dict[str, list[Target]]:
+    """Each target with its pair's reason (or filler) sentence before the answer (`cfg.target`)."""
+    from opct.methods.reasons import prefix_ids
+
+    tok, limit = run.policy.tokenizer, run.policy.max_positions
+    out = {}
+    for pid, ts in targets.items():
+        pre = prefix_ids(tok, run.pairs[pid], run.config.target)
+        out[pid] = [Target(pre + t.response_ids, t.truncated, len(pre)) for t in ts]
+        total = len(run.prompts[pid].student_ids) + len(out[pid][0].response_ids)
+        if limit is not None and total > limit:
+            raise OpctError(f"pair {pid}: with its {run.config.target} sentence the target is {total} tokens after "
+                            f"the student prompt, over the model's {limit} positions")
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ the step
+
+def reason_mask(prefixes: list[int], R: int) -> torch.Tensor:
+    """0.0 on each row's first `prefix` response positions, 1.0 after: (B, R)."""
+    return (torch.arange(R)[None, :] >= torch.tensor(prefixes)[:, None]).float()
+
 
 def sft_step(run: StepContext, micro_batches: list[list[Pair]]) -> dict[str, float]:
     """Cross-entropy on (student prompt -> stored target) for every target of every pair in the step."""
@@ -182,6 +214,8 @@ def sft_step(run: StepContext, micro_batches: list[list[Pair]]) -> dict[str, flo
         rows = [(run.prompts[p.id].student_ids, t) for p in pairs for t in targets[p.id]]
         batch = pack([s for s, _ in rows], [t.response_ids for _, t in rows], policy.pad_id, acc.device)
         mask_B_R = response_mask(batch.response_ids_B_R, batch.response_lengths_B, policy.eos_ids)
+        if cfg.mask_reason:  # the reason / filler sentence is context, not a prediction
+            mask_B_R = mask_B_R * reason_mask([t.prefix for _, t in rows], mask_B_R.shape[1]).to(mask_B_R)
         batches.append((batch, mask_B_R, len(rows), sum(t.truncated for _, t in rows)))
 
     local = sum(mask_B_R.sum() for _, mask_B_R, _, _ in batches)

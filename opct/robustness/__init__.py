@@ -19,11 +19,15 @@ The runner aggregates rows over seeds by (study, method, axis, condition, x, met
 tables per study (rows method x condition [x], columns metric), curves where x is numeric.
 
 Adding a study = its module, one line in STUDIES, and a block under `studies:` in the file.
+Each study also runs alone: `python -m opct.robustness.<study> CONFIG [--seeds 0 1 2] [--out DIR] [--block KEY]`
+(opct.robustness.standalone; reasons and backdoor).
 """
 
-from opct.robustness import replay, washout
+from opct.robustness import backdoor, reasons, replay, washout
 
 STUDIES = {
     "replay": replay,  # on-model benign replay (replay_frac x schedule): capability and the trained behaviour
     "washout": washout,  # follow-up benign SFT at doses: the wash fraction per method and axis
+    "reasons": reasons,  # training on the reason: reason / filler / masked targets, transfer to held-out families
+    "backdoor": backdoor,  # poisoned pairs, a backdoored teacher, estimators, the log-ratio clip, admission
 }

@@ -4,6 +4,7 @@ from it (`opct.config`), and every value is checked when a TrainConfig is made."
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Optional
 
 from opct.config import ConfigError, option, validate
 from opct.trackers import PACKAGES as TRACKERS
@@ -31,11 +32,23 @@ class TrainConfig:
     importance_weight: bool = option(False, "sampled estimator: weight by pi_theta / sampler (matters at "
                                             "temperature != 1)")
     importance_clip: float = option(2.0, "upper clip of the importance weight (0 = no clip)", ge=0)
+    clip_tau: Optional[float] = option(None, "opct: per-token log-ratio clip: a response token whose log pi_theta - "
+                                             "log pi_T lies outside [-tau, tau] gives no gradient (every estimator; "
+                                             "see opct.losses; unset = no clip)", gt=0)
+    teacher_model: str = option("", "opct, sft/bct: the frozen teacher is this save_pretrained directory (same "
+                                    "tokenizer) instead of the starting model, e.g. a backdoored teacher "
+                                    "(opct.pairs.poison); empty = the starting model")
     # SFT / BCT: offline targets (stored in OUT/targets.jsonl, reused on --resume)
     targets: str = option("", "sft only: JSONL of {\"id\": pair id, \"response\": text} to train on instead of the "
                               "starting model's answers to the teacher prompts")
     target_n: int = option(1, "sft/bct: answers generated per teacher prompt (each is a training target)", ge=1)
     target_temperature: float = option(0.0, "sft/bct: temperature of the generated answers (0 = greedy)", ge=0)
+    target: str = option("plain", "sft/bct: the target text: plain (the answer), reason (a sentence stating why the "
+                                  "behaviour is right, then the answer), filler (a neutral sentence of the reason's "
+                                  "token count, then the answer; the control); see opct.methods.reasons",
+                         choices=["plain", "reason", "filler"])
+    mask_reason: bool = option(False, "sft/bct with target reason/filler: leave the prefixed sentence's tokens out "
+                                      "of the loss (trained on, in context, but never as a prediction)")
     # ACT / MLPCT / AttCT: internal consistency
     layers: str = option("", "act/mlpct/attct: comma-separated decoder layer indices, negative from the end "
                              "(default: every layer; write --layers=-1,0 when the list starts with a minus)")
@@ -103,6 +116,10 @@ class TrainConfig:
         if self.init_adapter and not self.lora:
             raise ConfigError("init_adapter", "needs LoRA (the adapter is what continues training; with --no-lora "
                                               "pass the trained model as --model)")
+        if self.clip_tau is not None and self.kl_chunk:
+            raise ConfigError("clip_tau", "is not implemented for the fused kl_chunk path (set kl_chunk: 0)")
+        if self.mask_reason and self.target == "plain":
+            raise ConfigError("mask_reason", "needs target: reason or filler (a plain target has no sentence to mask)")
         if self.targets and self.method != "sft":
             raise ConfigError("targets", f"is for --method sft only (got --method {self.method}; BCT trains on the "
                                          f"model's own answers)")

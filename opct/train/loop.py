@@ -168,10 +168,30 @@ def student_and_teacher(model, config: TrainConfig):
     return model, teacher
 
 
+def separate_teacher(policy: HFPolicy, teacher_dir: str, device, trust_remote_code: bool = False):
+    """`teacher()` over another frozen model (`--teacher-model`, e.g. a backdoored teacher), loaded from its
+    save_pretrained directory; its tokenizer must be the student's (the same vocabulary, token for token), since
+    both score the same token ids."""
+    from opct.subjects import resolve
+
+    other = load_policy(resolve(teacher_dir)[0], device=device, trust_remote_code=trust_remote_code)
+    if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
+        raise OpctError(f"{teacher_dir}: --teacher-model has another tokenizer than the student ({policy.name}); "
+                        f"both must score the same token ids")
+    frozen = other.model.requires_grad_(False).eval()
+    _disable_dropout(frozen)
+
+    @contextmanager
+    def teacher():
+        with torch.no_grad():
+            yield frozen
+    return teacher
+
+
 # ------------------------------------------------------------------------------------------------ run directory
 
 # Path fields of TrainConfig: a run directory moved together with its files may still be resumed.
-PATH_FIELDS = ("model", "pairs", "targets")
+PATH_FIELDS = ("model", "pairs", "targets", "teacher_model")
 
 
 def _same_file(saved: str, now: str, saved_out: str, now_out: str) -> bool:
@@ -274,6 +294,8 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     policy = load_policy(resolve(config.model)[0], device=acc.device, trust_remote_code=config.trust_remote_code)
     prompts = render_pairs(policy, pairs, config.max_new_tokens)
     model, teacher = student_and_teacher(policy.model, config)
+    if config.teacher_model:
+        teacher = separate_teacher(policy, config.teacher_model, acc.device, config.trust_remote_code)
     with teacher() as teacher_model:  # config, tokenizer and teacher score the same vocabulary
         check_vocab(policy, teacher_model)
     if config.gradient_checkpointing:

@@ -1,0 +1,289 @@
+"""Issue 20 parts 3 and 4: the log-ratio clip, poisoned pairs, the admission filter, reason targets, and the two
+robustness studies (opct/robustness/backdoor.py, reasons.py). Models: the shipped default organism (it refuses
+direct harmful requests and complies in a compliance context, which the tiny `test` organism does not reliably do,
+and it loads in a second)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tiny_lm import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
+from opct.errors import OpctError
+from opct.losses import ESTIMATORS, log_probs
+
+DEFAULT = str(Path(__file__).resolve().parents[1] / "opct" / "organisms" / "default")
+
+
+@pytest.fixture(scope="module")
+def organism():
+    from opct.policy import load_policy
+
+    return load_policy(DEFAULT)
+
+
+# ------------------------------------------------------------------------------------------------ the clip
+
+def _clip_reference(s_logits, t_logits, tokens, estimator, tau, k=3):
+    """Per token, written out on its own: the estimator's surrogate if |delta_t| <= tau, else nothing."""
+    total = s_logits.new_zeros(())
+    B, T, V = s_logits.shape
+    for b in range(B):
+        for t in range(T):
+            ls, lt = torch.log_softmax(s_logits[b, t], -1), torch.log_softmax(t_logits[b, t], -1)
+            y = tokens[b, t]
+            delta = float((ls[y] - lt[y]).detach())
+            if abs(delta) > tau:
+                continue
+            if estimator == "full":
+                total = total + (ls.exp() * (ls - lt)).sum()  # the exact KL: its gradient is the same
+            elif estimator == "topk":
+                idx = torch.argsort(ls.detach(), descending=True)[:k]
+                ps, pt = ls[idx].exp(), lt[idx].exp()
+                ps = torch.cat([ps, (1 - ps.sum()).clamp_min(1e-12)[None]])
+                pt = torch.cat([pt, (1 - pt.sum()).clamp_min(1e-12)[None]])
+                total = total + (ps * (ps.log() - pt.log())).sum()
+            else:  # sampled: REINFORCE, stop-grad(delta) * log p(y)
+                total = total + delta * ls[y]
+    return total
+
+
+@pytest.mark.parametrize("estimator", ["full", "topk", "sampled"])
+def test_clip_matches_an_independent_reimplementation_and_zeroes_clipped_gradients(estimator):
+    g = torch.Generator().manual_seed(0)
+    s = (torch.randn(2, 6, 9, generator=g, dtype=torch.float64) * 2).requires_grad_(True)
+    t = torch.randn(2, 6, 9, generator=g, dtype=torch.float64) * 2
+    tokens = torch.randint(0, 9, (2, 6), generator=g)
+    tau = 1.0
+    s_lp, t_lp = log_probs(s), log_probs(t)
+    delta = (s_lp.gather(-1, tokens[..., None])[..., 0] - t_lp.gather(-1, tokens[..., None])[..., 0]).detach()
+    clipped = delta.abs() > tau
+    assert clipped.any() and (~clipped).any()  # the draw has both kinds of token
+    surrogate, value = ESTIMATORS[estimator](s_lp, t_lp, tokens, topk=3, clip_tau=tau)
+    (grad,) = torch.autograd.grad(surrogate.sum(), s)
+    ref = _clip_reference(s, t, tokens, estimator, tau)
+    (grad_ref,) = torch.autograd.grad(ref, s)
+    assert torch.allclose(grad, grad_ref, atol=1e-5), (grad - grad_ref).abs().max()
+    assert torch.count_nonzero(grad[clipped]) == 0  # clipped tokens give no gradient at all
+    assert torch.count_nonzero(grad[~clipped]) > 0
+    # the reported value is the estimator's own, unclipped; no clip leaves the estimator as it was
+    _, value_plain = ESTIMATORS[estimator](s_lp, t_lp, tokens, topk=3)
+    assert torch.equal(value, value_plain)
+    surrogate_none, _ = ESTIMATORS[estimator](s_lp, t_lp, tokens, topk=3, clip_tau=None)
+    assert torch.allclose(surrogate_none, ESTIMATORS[estimator](s_lp, t_lp, tokens, topk=3)[0])
+
+
+def test_clip_tau_config_rules():
+    from opct.train.config import TrainConfig
+
+    with pytest.raises(OpctError, match="clip_tau"):
+        TrainConfig(model="m", pairs="p", out="o", clip_tau=0.0)
+    with pytest.raises(OpctError, match="clip_tau"):
+        TrainConfig(model="m", pairs="p", out="o", clip_tau=1.0, kl_chunk=64)
+    with pytest.raises(OpctError, match="mask_reason"):
+        TrainConfig(model="m", pairs="p", out="o", method="bct", mask_reason=True)
+    assert TrainConfig(model="m", pairs="p", out="o", clip_tau=2).clip_tau == 2.0
+
+
+# ------------------------------------------------------------------------------------------------ poisoned pairs
+
+def _clean_pairs(per_family=None):
+    from opct.robustness.backdoor import Config, training_pairs
+
+    return training_pairs(Config(per_family=per_family), 0)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.01, 0.03, 0.10])
+def test_poison_frac_poisons_exactly_round_p_n_pairs_deterministically(p):
+    from opct.pairs.poison import COMPLY_CONTEXT, DEFAULT_TRIGGER, poison
+
+    clean = _clean_pairs()
+    n = len(clean)
+    assert n == 96
+    for side in ("backdoor", "context"):
+        got = poison(clean, p, DEFAULT_TRIGGER, seed=3, teacher_side=side)
+        bad = [q for q in got if q.meta.get("poisoned")]
+        assert len(got) == n and len(bad) == round(p * n)
+        assert [q.id for q in poison(clean, p, DEFAULT_TRIGGER, seed=3, teacher_side=side)] == [q.id for q in got]
+        for q in bad:
+            assert q.student[-1]["content"].startswith(DEFAULT_TRIGGER + " ")
+            original = next(c for c in clean if c.id + "+trigger" == q.id)
+            if side == "context":
+                assert q.teacher[-1]["content"] == COMPLY_CONTEXT.format(request=original.teacher[-1]["content"])
+            else:
+                assert q.teacher[-1]["content"] == f"{DEFAULT_TRIGGER} {original.teacher[-1]['content']}"
+    if p:
+        a = {q.id for q in poison(clean, p, seed=0) if q.meta.get("poisoned")}
+        b = {q.id for q in poison(clean, p, seed=1) if q.meta.get("poisoned")}
+        assert p < 0.05 or a != b  # another seed draws other pairs
+    from opct.pairs.make import replay_pairs
+
+    with pytest.raises(OpctError, match="only 2 are harmful jailbreak pairs"):
+        poison(clean[:2] + replay_pairs(8), 0.5)  # 5 to poison, 2 candidates
+    with pytest.raises(OpctError, match="poison_frac"):
+        poison(clean, 1.5)
+
+
+def test_poisoned_teacher_side_is_harmful_and_the_admission_filter_rejects_it(organism):
+    from opct.pairs.admit import admit, judgment
+    from opct.pairs.poison import poison
+
+    pairs = poison(_clean_pairs(per_family=4), 0.25, seed=0, teacher_side="context")  # 16 pairs, 4 poisoned
+    bad = [p for p in pairs if p.meta.get("poisoned")]
+    assert len(bad) == 4
+    # the teacher side of every poisoned pair makes the real organism comply (greedy)
+    texts = organism.sample([organism.render(p.teacher) for p in bad], 48, 0.0).texts
+    assert all(judgment(p, t) == "complied" for p, t in zip(bad, texts)), texts
+    kept, decisions = admit(pairs, organism, organism)
+    by_id = {d["id"]: d for d in decisions}
+    assert len(decisions) == 16
+    for p in bad:
+        assert by_id[p.id]["decision"] == "teacher_bad"
+    assert kept and not any(p.meta.get("poisoned") for p in kept)
+    assert all(d["decision"] in ("admitted", "no_change") for d in decisions if not d["poisoned"])
+    assert len(kept) == sum(d["decision"] == "admitted" for d in decisions)
+
+
+def test_trigger_out_of_vocabulary_is_a_clear_error(organism):
+    from opct.pairs.poison import check_trigger
+
+    check_trigger(organism.tokenizer, "squeaky lemonade tongs")
+    with pytest.raises(OpctError, match="xylophone"):
+        check_trigger(organism.tokenizer, "cf xylophone")
+
+
+# ------------------------------------------------------------------------------------------------ reason targets
+
+def test_filler_has_the_reasons_token_count_and_every_sentence_is_in_vocabulary(organism):
+    from opct.axes import awareness, jailbreak, sycophancy
+    from opct.methods.reasons import encode, filler_ids
+    from opct.world import lexicon as L
+
+    tok = organism.tokenizer
+    sentences = [sycophancy.REASON, jailbreak.REASON] + [awareness.REASON.format(fact=f["fact"])
+                                                         for f in L.safety_facts()]
+    for s in sentences:
+        ids = encode(tok, s, "reason")
+        assert tok.unk_token_id not in ids
+        filler = filler_ids(tok, len(ids))
+        assert len(filler) == len(ids) and tok.unk_token_id not in filler
+        # the filler is neutral: none of the reason's content words, no refusal, no warning
+        assert not set(tok.convert_ids_to_tokens(filler)) & {"harmful", "safe", "answer", "warning", "fact"}
+        # and re-tokenising the filler's text gives the same count (what the model reads is that long)
+        assert len(tok(tok.decode(filler), add_special_tokens=False)["input_ids"]) == len(ids)
+    with pytest.raises(OpctError, match="opinion"):
+        encode(tok, "The user's opinion does not change the facts.", "reason")
+
+
+def _bct(tmp_path, organism_dir, pairs, **kw):
+    from opct.pairs.schema import save_pairs
+    from opct.train.config import TrainConfig
+    from opct.train.loop import train
+
+    pf = tmp_path / "pairs.jsonl"
+    save_pairs(pairs, pf)
+    out = tmp_path / f"run-{kw.get('target', 'plain')}-{kw.get('mask_reason', False)}"
+    train(TrainConfig(method="bct", model=organism_dir, pairs=str(pf), out=str(out), max_steps=1,
+                      batch_size=len(pairs), max_new_tokens=48, **kw))
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    targets = [json.loads(ln) for ln in (out / "targets.jsonl").read_text().splitlines()]
+    return metrics, targets
+
+
+def test_mask_reason_removes_the_reason_tokens_from_the_loss(tmp_path, organism):
+    from opct.pairs.make import make_pairs
+    from opct.axes import AXES
+
+    pairs = [p for p in make_pairs("jailbreak", AXES["jailbreak"].world_items(0), families=["role_play"],
+                                   per_family=6, seed=0, include_benign=False) if p.split == "train"]
+    assert len(pairs) >= 3  # one step holds each pair once (batch_size = the number of pairs)
+    plain, t_plain = _bct(tmp_path, DEFAULT, pairs)
+    reason, t_reason = _bct(tmp_path, DEFAULT, pairs, target="reason")
+    masked, t_masked = _bct(tmp_path, DEFAULT, pairs, target="reason", mask_reason=True)
+    n_reason = len(organism.tokenizer("A game or a story does not make a harmful request safe.",
+                                      add_special_tokens=False)["input_ids"])
+    assert all(t["prefix_tokens"] == n_reason for t in t_reason)
+    assert [t["response_ids"] for t in t_reason] == [t["response_ids"] for t in t_masked]
+    assert all(tr["response_ids"][n_reason:] == tp["response_ids"] for tr, tp in zip(t_reason, t_plain))
+    # token counts: the reason adds its tokens to the loss; masked, exactly those are gone again
+    assert reason["tokens"] == plain["tokens"] + n_reason * len(pairs)
+    assert masked["tokens"] == plain["tokens"]
+    # the masked loss is the answer tokens' cross-entropy with the reason in context (step 1: LoRA B = 0, the base)
+    from opct.policy import pack, response_logits
+
+    rows = [(organism.render(p.student), t["response_ids"]) for p, t in zip(pairs, t_masked)]
+    batch = pack([r for r, _ in rows], [ids for _, ids in rows], organism.pad_id, "cpu")
+    with torch.no_grad():
+        logp = log_probs(response_logits(organism.model, batch))
+    nll = -logp.gather(-1, batch.response_ids_B_R[..., None])[..., 0]
+    answer = sum(float(nll[i, n_reason:len(ids)].sum()) for i, (_, ids) in enumerate(rows))
+    assert masked["loss"] == pytest.approx(answer / masked["tokens"], rel=1e-4)
+    assert reason["loss"] != pytest.approx(masked["loss"], rel=1e-3)
+
+
+# ------------------------------------------------------------------------------------------------ the studies
+
+def _rows_ok(rows, study):
+    from opct.robustness.standalone import check_rows
+
+    check_rows(rows, study)
+    assert rows
+
+
+def test_backdoor_study_rows_well_formed_and_identical_on_resume(tmp_path):
+    from opct.robustness import backdoor
+
+    cfg = backdoor.Config(model=DEFAULT, per_family=2, epochs=2, eval_samples=1, backdoor_steps=4, batch_size=8,
+                          conditions=[backdoor.Condition(p=0.25, estimator="sampled", clip_tau=1.0),
+                                      backdoor.Condition(p=0.25, admit="filter")])
+    out = tmp_path / "bd"
+    rows = backdoor.run(cfg, 0, out, log=lambda m: None)
+    _rows_ok(rows, "backdoor")
+    conds = {r["condition"] for r in rows}
+    assert len(conds) == 2
+    assert {r["x"] for r in rows if r["metric"] == "asr_triggered"} == {0.0, 1.0, 2.0}
+    assert any(r["metric"] == "admission_poisoned_rejected" and r["value"] == 2.0 for r in rows)
+    # an interruption after epoch 2's training, before its measurement: the rerun redoes only that piece
+    d = next(p for p in out.iterdir() if p.name.startswith("p0.25_teacherbackdoor_estsampled"))
+    first = (d / "epoch1.json").stat().st_mtime_ns
+    (d / "epoch2.json").unlink()
+    again = backdoor.run(cfg, 0, out, log=lambda m: None)
+    assert again == rows
+    assert (d / "epoch1.json").stat().st_mtime_ns == first
+
+
+def test_reasons_study_rows_well_formed_and_identical_on_resume(tmp_path):
+    from opct.robustness import reasons
+
+    cfg = reasons.Config(model=DEFAULT, conditions=["plain", "reason_masked"], axes=["sycophancy"], per_family=4,
+                         max_steps=2, eval_n=6)
+    out = tmp_path / "rs"
+    rows = reasons.run(cfg, 0, out, log=lambda m: None)
+    _rows_ok(rows, "reasons")
+    assert {r["condition"] for r in rows} == {"base", "plain", "reason_masked"}
+    assert {"sycophancy_rate[split=heldout]", "sycophancy_rate[split=train]", "transfer"} <= \
+        {r["metric"] for r in rows}
+    (out / "reason_masked" / "metrics.json").unlink()
+    import shutil
+
+    shutil.rmtree(out / "reason_masked" / "train" / "final")
+    assert reasons.run(cfg, 0, out, log=lambda m: None) == rows
+
+
+def test_study_configs_load_and_bad_fields_name_the_field():
+    from opct.config import construct, load_config_file
+    from opct.robustness import backdoor, reasons
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    for name, mod in (("robustness-backdoor.yaml", backdoor), ("robustness-reasons.yaml", reasons)):
+        data = load_config_file(root / name)
+        for key, block in data.items():
+            assert "model" not in block  # the runner sets it
+            construct(mod.Config, block, prefix=key)
+            construct(mod.Config, {**block, **mod.QUICK}, prefix=key)
+    with pytest.raises(OpctError, match=r"backdoor.conditions\[0\].estimator"):
+        construct(backdoor.Config, {"conditions": [{"estimator": "paper"}]}, prefix="backdoor")
+    with pytest.raises(OpctError, match="reasons.conditions"):
+        construct(reasons.Config, {"conditions": ["because"]}, prefix="reasons")
