@@ -213,6 +213,22 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
         from opct.robustness.runner import load_robustness, run_robustness
 
         run_robustness(load_robustness(bad), log=lambda m: None)
+    # a changed train field is named key by key
+    lr = _study_file(tmp_path, test_organism, studies={"washout": {
+        "methods": ["bct"], "doses": [0, 8, 16], "wash_batch_size": 4, "per_family": 4,
+        "train": {"max_steps": 3, "batch_size": 4, "lr": 2e-2, "max_new_tokens": 16},
+        "eval": {"n": 6, "max_new_tokens": 16}}})
+    with pytest.raises(OpctError, match=r"studies\.washout\.train\.lr \(0\.03 -> 0\.02\)") as e:
+        run_robustness(load_robustness(lr), log=lambda m: None)
+    assert "max_steps" not in str(e.value)
+    # a run started before a new option existed (its settings lack the field) resumes: the field counts as its default
+    saved = json.loads((root / "study.json").read_text())
+    for block in ("train", "eval"):
+        saved["studies"]["washout"][block].pop(next(iter(saved["studies"]["washout"][block])))
+    saved["studies"]["washout"]["train"].pop("clip_tau", None)
+    (root / "study.json").write_text(json.dumps(saved))
+    path = _study_file(tmp_path, test_organism)  # the file as the run started (the variants above rewrote it)
+    run_robustness(load_robustness(path), log=lambda m: None)
 
 
 @pytest.mark.parametrize("studies, needle", [
@@ -240,7 +256,7 @@ def test_flags_and_shipped_file(tmp_path, capsys):
     from opct.robustness.runner import load_robustness
 
     cfg = load_robustness(ROOT / "configs" / "robustness.yaml")
-    assert cfg.seeds == [0, 1, 2] and set(cfg.built) == {"replay", "washout"}
+    assert cfg.seeds == [0, 1, 2] and set(cfg.built) == {"replay", "washout", "reasons", "backdoor"}
     assert cfg.built["washout"].doses == [0, 32, 64, 128, 256, 512]
     assert {"opct", "bct", "act"} <= set(cfg.built["washout"].methods)
     quick = load_robustness(ROOT / "configs" / "robustness.yaml", quick=True)

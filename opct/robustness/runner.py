@@ -145,6 +145,31 @@ def aggregate(per_seed: dict[int, list[dict]]) -> list[dict]:
     return out
 
 
+def _study_changes(name: str, saved: dict, now: dict) -> list[str]:
+    """What differs in one study's settings, field by field; inside its `train` / `eval` blocks, key by key. A field
+    added to the study's Config, TrainConfig or EvalConfig after the run started counts as its default (so a run
+    started before a new option existed resumes)."""
+    from opct.config import defaults_of
+    from opct.evals.run import EvalConfig
+    from opct.robustness import STUDIES
+    from opct.train.config import TrainConfig
+
+    module = STUDIES.get(name)
+    defaults = defaults_of(module.Config) if module is not None and hasattr(module, "Config") else {}
+    nested = {"train": defaults_of(TrainConfig), "eval": defaults_of(EvalConfig)}
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        if k == "model":
+            continue
+        old_v, new_v = saved.get(k, defaults.get(k)), now.get(k, defaults.get(k))
+        if k in nested and isinstance(old_v, dict) and isinstance(new_v, dict):
+            out += [f"studies.{name}.{k}.{x}" for x in changes(old_v, new_v, ("model", "out", "seed"),
+                                                                defaults=nested[k])]
+        elif old_v != new_v:
+            out.append(f"studies.{name}.{k} ({old_v!r} -> {new_v!r})")
+    return out
+
+
 def _previous(root: Path, resolved: dict) -> dict:
     path = root / "study.json"
     if not path.exists():
@@ -157,7 +182,7 @@ def _previous(root: Path, resolved: dict) -> dict:
                       ("seeds", "name", "out", "note", "report", "threads", "model_dir"))
     for s, c in resolved["studies"].items():
         if s in old.get("studies", {}):
-            changed += [f"studies.{s}.{x}" for x in changes(old["studies"][s], c, ("model",))]
+            changed += _study_changes(s, old["studies"][s], c)
     if changed:
         raise OpctError(f"{path}: the study in {root} was started with other settings ({', '.join(changed)}); use "
                         f"another --name, or delete {root} to start again")
