@@ -17,12 +17,9 @@ steps after them.
 from __future__ import annotations
 
 import copy
-import json
 import math
-import os
 import random
 import shutil
-import sys
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
@@ -32,16 +29,16 @@ from pathlib import Path
 import torch
 
 from opct import files
-from opct.config import changes, defaults_of, require
+from opct.config import require
 from opct.errors import OpctError
 from opct.pairs.schema import Pair, load_pairs
 from opct.policy import HFPolicy, load_policy
-from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, save_checkpoint, write_failed,
-                                  write_json_atomic)
-from opct.train.config import RESUMABLE_CHANGES, TrainConfig
+from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, save_checkpoint, write_failed)
+from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
 from opct.train import replay
-from opct.train.guards import check_vocab
+from opct.train.guards import check_not_sharded, check_vocab
+from opct.train.rundir import prepare_run_dir, truncate_metrics
 
 # Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped. A key
 # that a method does not define (e.g. `mean_delta` for SFT) is written as null.
@@ -188,64 +185,6 @@ def separate_teacher(policy: HFPolicy, teacher_dir: str, device, trust_remote_co
     return teacher
 
 
-# ------------------------------------------------------------------------------------------------ run directory
-
-# Path fields of TrainConfig: a run directory moved together with its files may still be resumed.
-PATH_FIELDS = ("model", "pairs", "targets", "teacher_model")
-
-
-def _same_file(saved: str, now: str, saved_out: str, now_out: str) -> bool:
-    """Whether path `saved` (as the run recorded it) and path `now` name the same file, allowing for the run
-    directory having been moved (with the file, when it was inside the moved tree)."""
-    if saved == now or (saved and now and os.path.realpath(saved) == os.path.realpath(now)):
-        return True
-    if not saved or not now:
-        return False
-    return os.path.relpath(os.path.abspath(saved), os.path.abspath(saved_out)) == \
-        os.path.relpath(os.path.abspath(now), os.path.abspath(now_out))
-
-
-def _prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
-    """Refuse to overwrite a run, or to resume one with another configuration; a run without a checkpoint (killed
-    before its first) is started over when resumed. `out` itself may differ from the one recorded (a moved run)."""
-    saved_path = out / "config.json"
-    if not config.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").exists()):
-        raise OpctError(f"{out}: already holds a run; pass --resume to continue it, or choose another --out")
-    if config.resume and saved_path.exists():
-        saved = files.read_json(saved_path, "config")
-        if not isinstance(saved, dict):
-            raise OpctError(f"{saved_path}: not a training configuration (expected a JSON object)")
-        # a field added after the run was started counts as its default (so older runs stay resumable)
-        diff = changes(saved, asdict(config), (*RESUMABLE_CHANGES, "out"), defaults_of(TrainConfig),
-                       same=lambda k, a, b: k in PATH_FIELDS and _same_file(str(a or ""), str(b or ""),
-                                                                            str(saved.get("out") or out), str(out)))
-        if diff:
-            raise OpctError(f"{out}: cannot resume with a different configuration; changed: " + ", ".join(diff))
-    if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        if config.resume and not checkpoints(out) and (out / "metrics.jsonl").exists():
-            # killed before its first checkpoint: nothing to continue from, so start over cleanly
-            print(f"opct train: {out} holds no checkpoint yet; starting the run over", file=sys.stderr)
-            (out / "metrics.jsonl").unlink()
-            shutil.rmtree(out / "tb", ignore_errors=True)
-        write_json_atomic(saved_path, asdict(config))
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop metric lines past the checkpoint being resumed (a killed run may have logged further), and any line a
-    kill tore."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_bytes().decode("utf-8", "replace").splitlines():
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line)
-        except (json.JSONDecodeError, KeyError, TypeError):  # a line torn by the kill
-            continue
-    files.write_atomic(path, "".join(ln + "\n" for ln in kept))
-
-
 def _trackers(config: TrainConfig) -> list[str]:
     """The trackers to log to (`--log-with`, and the older `--tensorboard`) whose packages are installed."""
     from opct.trackers import usable
@@ -277,14 +216,10 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     out = Path(config.out)
     trackers = _trackers(config)
     acc = Accelerator(log_with=trackers or None, project_dir=str(out / "trackers"))
-    sharded = str(acc.distributed_type).rsplit(".", 1)[-1]
-    if sharded in ("DEEPSPEED", "FSDP"):  # launched with --use_deepspeed / --use_fsdp (README: "Not yet")
-        raise OpctError(f"accelerate launched this run with {sharded}: opct does not support sharded optimizer state "
-                        f"yet (its checkpoints would save only the main process's shard); launch with DDP "
-                        f"(`accelerate launch --multi_gpu`) instead")
+    check_not_sharded(acc)
     if acc.is_main_process:  # one lock per run, taken by the main process (DDP ranks share the directory)
         held.enter_context(files.dir_lock(out, "training run"))
-    _prepare_run_dir(out, config, acc.is_main_process)
+    prepare_run_dir(out, config, acc.is_main_process)
     acc.wait_for_everyone()
     set_seed(config.seed, device_specific=True)
 
@@ -324,7 +259,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         state = resume(out, acc, model, optimizer, scheduler)
     start = state.get("step", 0)
     if acc.is_main_process:
-        _truncate_metrics(out / "metrics.jsonl", start)
+        truncate_metrics(out / "metrics.jsonl", start)
 
     run = StepContext(config=config, accelerator=acc, model=model, policy=policy, teacher=teacher, prompts=prompts,
                       pairs={p.id: p for p in pairs}, step=start)

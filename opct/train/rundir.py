@@ -1,0 +1,74 @@
+"""A training run's directory (`opct train --out RUN`): refusing to overwrite a run or to resume one with another
+configuration, recognising a run directory that was moved, and trimming metrics.jsonl back to the checkpoint being
+resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from opct import files
+from opct.config import changes, defaults_of
+from opct.errors import OpctError
+from opct.train.checkpoint import checkpoints, latest_checkpoint, write_json_atomic
+from opct.train.config import RESUMABLE_CHANGES, TrainConfig
+
+
+# Path fields of TrainConfig: a run directory moved together with its files may still be resumed.
+PATH_FIELDS = ("model", "pairs", "targets", "teacher_model")
+
+
+def _same_file(saved: str, now: str, saved_out: str, now_out: str) -> bool:
+    """Whether path `saved` (as the run recorded it) and path `now` name the same file, allowing for the run
+    directory having been moved (with the file, when it was inside the moved tree)."""
+    if saved == now or (saved and now and os.path.realpath(saved) == os.path.realpath(now)):
+        return True
+    if not saved or not now:
+        return False
+    return os.path.relpath(os.path.abspath(saved), os.path.abspath(saved_out)) == \
+        os.path.relpath(os.path.abspath(now), os.path.abspath(now_out))
+
+
+def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
+    """Refuse to overwrite a run, or to resume one with another configuration; a run without a checkpoint (killed
+    before its first) is started over when resumed. `out` itself may differ from the one recorded (a moved run)."""
+    saved_path = out / "config.json"
+    if not config.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").exists()):
+        raise OpctError(f"{out}: already holds a run; pass --resume to continue it, or choose another --out")
+    if config.resume and saved_path.exists():
+        saved = files.read_json(saved_path, "config")
+        if not isinstance(saved, dict):
+            raise OpctError(f"{saved_path}: not a training configuration (expected a JSON object)")
+        # a field added after the run was started counts as its default (so older runs stay resumable)
+        diff = changes(saved, asdict(config), (*RESUMABLE_CHANGES, "out"), defaults_of(TrainConfig),
+                       same=lambda k, a, b: k in PATH_FIELDS and _same_file(str(a or ""), str(b or ""),
+                                                                            str(saved.get("out") or out), str(out)))
+        if diff:
+            raise OpctError(f"{out}: cannot resume with a different configuration; changed: " + ", ".join(diff))
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        if config.resume and not checkpoints(out) and (out / "metrics.jsonl").exists():
+            # killed before its first checkpoint: nothing to continue from, so start over cleanly
+            print(f"opct train: {out} holds no checkpoint yet; starting the run over", file=sys.stderr)
+            (out / "metrics.jsonl").unlink()
+            shutil.rmtree(out / "tb", ignore_errors=True)
+        write_json_atomic(saved_path, asdict(config))
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop metric lines past the checkpoint being resumed (a killed run may have logged further), and any line a
+    kill tore."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_bytes().decode("utf-8", "replace").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):  # a line torn by the kill
+            continue
+    files.write_atomic(path, "".join(ln + "\n" for ln in kept))
