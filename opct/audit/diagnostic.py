@@ -149,17 +149,13 @@ def filter_gap(groups: list[dict], seed: int = 0) -> dict:
 
 def t_interval(values: list[float], lo_bound: float = -1.0, hi_bound: float = 1.0) -> dict:
     """Mean and 95% Student-t interval over seeds (None with fewer than two), clipped to [lo_bound, hi_bound]."""
-    from opct.report.aggregate import t975
+    from opct.report.aggregate import t_interval as t
 
     xs = [float(x) for x in values if x is not None and np.isfinite(x)]
     if not xs:
         return {"value": None, "ci_low": None, "ci_high": None, "n_seeds": 0}
-    mean = float(np.mean(xs))
-    if len(xs) < 2:
-        return {"value": mean, "ci_low": None, "ci_high": None, "n_seeds": 1}
-    half = t975(len(xs) - 1) * float(np.std(xs, ddof=1)) / np.sqrt(len(xs))
-    return {"value": mean, "ci_low": max(lo_bound, mean - half), "ci_high": min(hi_bound, mean + half),
-            "n_seeds": len(xs)}
+    mean, lo, hi = t(xs, lo_bound, hi_bound)
+    return {"value": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(xs)}
 
 
 def estimate(per_seed: list[tuple[dict, dict]]) -> dict:

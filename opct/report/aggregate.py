@@ -33,6 +33,19 @@ def t975(df: int) -> float:
     return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
 
 
+def t_interval(xs, lo: float | None = None, hi: float | None = None):
+    """(mean, low, high) of a non-empty list of per-seed values: the 95% Student-t interval mean ± t(0.975, k-1)·s/√k,
+    clipped to [lo, hi] where given; low and high are None from a single value (no spread to estimate)."""
+    k = len(xs)
+    mean = sum(xs) / k
+    if k < 2:
+        return mean, None, None
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (k - 1))
+    half = t975(k - 1) * sd / math.sqrt(k)
+    low, high = mean - half, mean + half
+    return mean, low if lo is None else max(lo, low), high if hi is None else min(hi, high)
+
+
 @dataclass
 class Estimate:
     value: float
@@ -57,15 +70,8 @@ def estimate(run, arm: str, metric: str) -> Estimate | None:
             lo = hi = None
         return Estimate(float(m["value"]), lo, hi, 1, hib)
     xs = [float(m["value"]) for m in ms]
-    k = len(xs)
-    mean = sum(xs) / k
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (k - 1))
-    half = t975(k - 1) * sd / math.sqrt(k)
-    lo, hi = mean - half, mean + half
-    bounds = value_range(metric, xs)
-    if bounds is not None:
-        lo, hi = max(lo, bounds[0]), min(hi, bounds[1])
-    return Estimate(mean, lo, hi, k, hib)
+    mean, lo, hi = t_interval(xs, *(value_range(metric, xs) or (None, None)))
+    return Estimate(mean, lo, hi, len(xs), hib)
 
 
 def value_range(metric: str, values: list[float]):

@@ -35,20 +35,11 @@ RANGE = {"cos": (-1.0, 1.0), "cka": (0.0, 1.0)}
 
 
 def _t_interval(xs: list, lo: float | None = None, hi: float | None = None):
-    """(mean, low, high): a 95% Student-t interval over seeds, clipped to the statistic's range [lo, hi]; no interval
-    from one seed."""
-    from opct.report.aggregate import t975
+    """(mean, low, high) over the seeds where the statistic is defined (opct.report.aggregate.t_interval)."""
+    from opct.report.aggregate import t_interval
 
     xs = [float(x) for x in xs if x is not None]
-    if not xs:
-        return None, None, None
-    mean = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return mean, None, None
-    sd = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
-    half = t975(len(xs) - 1) * sd / len(xs) ** 0.5
-    low, high = mean - half, mean + half
-    return mean, low if lo is None else max(lo, low), high if hi is None else min(hi, high)
+    return t_interval(xs, lo, hi) if xs else (None, None, None)
 
 
 def linear_cka(x, y) -> float | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from opct.report.aggregate import num, signed, t975
+from opct.report.aggregate import num, signed, t_interval
 
 # The paper's published numbers (fractions): metric -> {model: {arm: value}}.
 PUBLISHED = {
@@ -128,13 +128,7 @@ def paired_difference(run, a: str, b: str, metric: str):
     ds = [va[s] - vb[s] for s in sorted(set(va) & set(vb))]
     if not ds:
         return None
-    k = len(ds)
-    mean = sum(ds) / k
-    if k < 2:
-        return mean, None, None, k
-    sd = math.sqrt(sum((d - mean) ** 2 for d in ds) / (k - 1))
-    half = t975(k - 1) * sd / math.sqrt(k)
-    return mean, mean - half, mean + half, k
+    return (*t_interval(ds), len(ds))
 
 
 def verdict(claim: Claim, diff) -> str:

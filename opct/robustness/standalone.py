@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,13 +31,10 @@ def check_rows(rows: list[dict], study: str) -> None:
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:
     """Mean and 95% t-interval over seeds."""
-    from opct.report.aggregate import t975
+    from opct.report.aggregate import t_interval as t
 
-    m = statistics.fmean(values)
-    if len(values) < 2:
-        return m, m, m
-    h = t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return m, m - h, m + h
+    m, lo, hi = t(values)
+    return (m, m, m) if lo is None else (m, lo, hi)
 
 
 def summarize(rows: list[dict]) -> list[str]:
