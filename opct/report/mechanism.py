@@ -166,7 +166,8 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
                           "similarity": sim, "layers": L}
         seeds.append(seed)
         del base, deltas
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     bar.close()
     if not seeds:
         raise OpctError(f"{run.dir}: nothing to probe ({'; '.join(skipped)})")

@@ -21,7 +21,6 @@ a rerun reuses finished epochs and resumes a training run from its checkpoint (e
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import time
