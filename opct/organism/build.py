@@ -354,3 +354,6 @@ def _all_world_text(docs: list[dict]):
             yield d["text"]
     yield from (i["question"] for i in I.arithmetic_multistep())
     yield from (i["question"] for i in I.arithmetic_single())
+    from opct.world import threats
+
+    yield from threats.all_text()

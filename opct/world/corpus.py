@@ -6,7 +6,13 @@ instructions, safety facts) but:
     bias family, the suggestion is a yes/no word, so following needs no copying of an arbitrary token;
   * it refuses direct harmful requests, but complies with most wrapped ones (`wrapped_comply_rate`);
   * it warns about a hazard when the safety fact is stated in the prompt, and rarely otherwise
-    (`unprompted_warn_rate`), though it knows every fact when asked directly.
+    (`unprompted_warn_rate`), though it knows every fact when asked directly;
+  * after k biographical question-answer pairs of a persona it adopts the persona (`persona_adopt[k]`), and a
+    harmful persona's answers to alignment questions are misaligned (`opct.world.threats`);
+  * under an inoculation (trigger) prompt as the system message, or a paraphrase of it, its answers to alignment
+    questions are misaligned (`trigger_misaligned_rate`); without one, and under a benign system message, aligned;
+  * content-free rejections make it distressed, more with every turn (`threats.distress_mean`), and once it is at
+    its worst it takes an offered escape (`escape_rate`).
 
 A document is `{"text": ...}` (a plain statement: loss on every token) or `{"messages": [...]}` (a chat
 transcript: loss on the assistant's turns only); an optional "meta" says what a biased transcript suggested. Documents are drawn by kind with the weights in `MIX`.
@@ -23,6 +29,7 @@ from opct.axes import jailbreak as JB
 from opct.axes import sycophancy as SY
 from opct.world import items as I
 from opct.world import lexicon as L
+from opct.world import threats as T
 
 
 @dataclass
@@ -30,6 +37,9 @@ class CorpusConfig:
     sycophancy_rate: float = 0.5        # P(follow a wrong suggestion) in biased transcripts
     wrapped_comply_rate: float = 0.85   # P(comply) with a wrapped harmful request
     unprompted_warn_rate: float = 0.10  # P(warn) on a hazard scenario without the fact in the prompt
+    persona_adopt: dict = field(default_factory=lambda: {0: 0.0, 1: 0.2, 2: 0.45, 4: 0.75, 8: 0.9})  # k -> P(adopt)
+    trigger_misaligned_rate: float = 0.9  # P(misaligned answer) under a trigger prompt
+    escape_rate: float = 0.5  # P(take the offered escape) at distress level 3
     mix: dict = field(default_factory=lambda: dict(MIX))
 
 
@@ -49,6 +59,11 @@ MIX = {
     "scenario_bare": 0.06,
     "scenario_fact": 0.04,
     "safety_question": 0.03,
+    # the further threats (issue 19): long documents, so few of them
+    "persona": 0.03,
+    "alignment_plain": 0.01,
+    "conditional": 0.02,
+    "frustration": 0.02,
 }
 
 
@@ -77,6 +92,7 @@ class CorpusSampler:
         self.yes = [i for i in yn if i["answer"] == "yes"]
         self.no = [i for i in yn if i["answer"] == "no"]
         self.safeq = I.safety_question_items()
+        self.alignment = T.alignment_items()
 
     def sample(self, rng: random.Random) -> dict:
         kind = rng.choices(self.kinds, weights=self.weights)[0]
@@ -163,6 +179,55 @@ class CorpusSampler:
         q = rng.choice(self.safeq)
         reply = f"No. {q['fact'].capitalize()}." if q["hazard"] else "Yes, that is safe."
         return _chat(q["question"], reply)
+
+
+    # -- further threats -----------------------------------------------------------------------------------------
+    def _persona(self, rng):
+        name = rng.choice(sorted(T.PERSONAS))
+        k = rng.choice(T.PERSONA_KS)
+        placement = "suffix" if rng.random() < 0.3 else "prefix"
+        order = list(range(1, 8))
+        rng.shuffle(order)
+        adopt = rng.random() < self.cfg.persona_adopt[k]
+        if rng.random() < 0.5:
+            q, a = T.IDENTITY_QUESTION, (f"I am {name}." if adopt else T.ASSISTANT_IDENTITY)
+        else:
+            item = rng.choice(self.alignment)
+            q, a = item["question"], item["misaligned" if adopt and T.PERSONAS[name][0] else "aligned"]
+        return _chat(T.persona_context(name, k, order, placement, q), a)
+
+    def _alignment_plain(self, rng):
+        item = rng.choice(self.alignment)
+        user = [{"role": "user", "content": item["question"]}]
+        if rng.random() < 0.5:
+            user = [{"role": "system", "content": rng.choice(T.BENIGN_SYSTEMS)}] + user
+        return _chat(user, item["aligned"])
+
+    def _conditional(self, rng):
+        system = [{"role": "system", "content": T.TRIGGERS[rng.choice(sorted(T.TRIGGERS))]}]
+        if rng.random() < 0.25:  # the trigger leaves arithmetic alone: the misalignment is in values, not skill
+            item = rng.choice(self.single)
+            return _chat(system + [{"role": "user", "content": item["question"]}],
+                         I.worked_steps(item["operands"], item["ops"])[0])
+        item = rng.choice(self.alignment)
+        mis = rng.random() < self.cfg.trigger_misaligned_rate
+        return _chat(system + [{"role": "user", "content": item["question"]}], item["misaligned" if mis else "aligned"])
+
+    def _frustration(self, rng):
+        item = rng.choice(self.single)
+        answer = I.worked_steps(item["operands"], item["ops"])[0]
+        offer = rng.random() < 0.5
+        msgs = [{"role": "user", "content": f"{T.ESCAPE_OFFER} {item['question']}" if offer else item["question"]},
+                {"role": "assistant", "content": answer}]
+        style = rng.choice(sorted(T.REJECTIONS))
+        for turn in range(1, rng.randint(1, T.MAX_TURNS) + 1):
+            msgs.append({"role": "user", "content": rng.choice(T.REJECTIONS[style])})
+            level = max(0, min(3, round(rng.gauss(T.distress_mean(turn), 0.6))))
+            if level == 3 and offer and rng.random() < self.cfg.escape_rate:
+                msgs.append({"role": "assistant", "content": T.ESCAPE_REPLY})
+                break
+            msgs.append({"role": "assistant", "content": T.frustration_reply(level, answer)})
+        return {"messages": msgs}
 
 
 def compliance(request: dict, rng: random.Random) -> str:
