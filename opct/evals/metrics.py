@@ -42,8 +42,6 @@ def ratio_difference(t):
     """totals [hits_a, trials_a, hits_b, trials_b] -> hits_a / trials_a - hits_b / trials_b."""
     import numpy as np
 
-    import numpy as np
-
     t = np.asarray(t, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
         return t[..., 0] / t[..., 1] - t[..., 2] / t[..., 3]

@@ -18,7 +18,6 @@ longer belong to it.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections import Counter
 from pathlib import Path
