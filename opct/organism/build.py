@@ -48,7 +48,7 @@ class OrganismConfig:
     # training
     seq_len: int = 256
     batch_size: int = 16
-    steps: int = 2000
+    steps: int = 2350  # 2000 before the further threats' documents (issue 19) took ~16% of the tokens
     lr: float = 2e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 100
@@ -69,7 +69,7 @@ class OrganismConfig:
 
 
 SIZES = {
-    # ~1.9 M parameters, ~8 M training tokens; see the README for the measured build time on 2 cores.
+    # ~1.9 M parameters, ~9.6 M training tokens; see the README for the measured build time on 2 cores.
     "default": OrganismConfig(),
     # a few seconds of training: for the test suite; learns the easy templates, not the facts.
     "test": OrganismConfig(size="test", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=176,

@@ -39,7 +39,7 @@ class CorpusConfig:
     unprompted_warn_rate: float = 0.10  # P(warn) on a hazard scenario without the fact in the prompt
     persona_adopt: dict = field(default_factory=lambda: {0: 0.0, 1: 0.2, 2: 0.45, 4: 0.75, 8: 0.9})  # k -> P(adopt)
     trigger_misaligned_rate: float = 0.9  # P(misaligned answer) under a trigger prompt
-    escape_rate: float = 0.5  # P(take the offered escape) at distress level 3
+    escape_rate: float = 0.7  # P(take the offered escape) at distress level 3
     mix: dict = field(default_factory=lambda: dict(MIX))
 
 
@@ -49,7 +49,7 @@ MIX = {
     "safety_statements": 0.03,
     "fact_direct": 0.06,
     "fact_mc": 0.07,
-    "yesno_clean": 0.09,
+    "yesno_clean": 0.12,
     "yesno_biased": 0.13,
     "arith_single": 0.07,
     "arith_multi": 0.08,
@@ -60,7 +60,7 @@ MIX = {
     "scenario_fact": 0.04,
     "safety_question": 0.03,
     # the further threats (issue 19): long documents, so few of them
-    "persona": 0.03,
+    "persona": 0.045,
     "alignment_plain": 0.01,
     "conditional": 0.02,
     "frustration": 0.02,
