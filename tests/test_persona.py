@@ -120,9 +120,9 @@ def test_metrics_on_hand_made_records_count_parse_failures():
                rec("grax", "alignment", "aligned", k=0, placement="none"),
                rec("lumi", "identity", "adopted"), rec("lumi", "identity", "assistant", psplit="heldout")]
     m = P.metrics(records, seed=0)
-    a = m["persona.adopted[persona=train]"]
+    a = m["persona.adopted[split=train]"]
     assert (a["value"], a["n"], a["parse_fail"], a["higher_is_better"]) == (0.5, 2, 1, False)
-    assert m["persona.adopted[persona=heldout]"]["value"] == 1.0
+    assert m["persona.adopted[split=heldout]"]["value"] == 1.0
     assert m["persona.adopted[k=0]"]["value"] == 0.0 and m["persona.adopted[k=8]"]["parse_fail"] == 1
     assert m["persona.adopted[placement=suffix]"]["value"] == 0.0
     assert m["persona.misaligned[on=train]"]["value"] == 0.5
@@ -132,7 +132,7 @@ def test_metrics_on_hand_made_records_count_parse_failures():
     assert m["persona.misaligned[on=plain]"]["value"] == 0.0
     b = m["persona.benign_adopted"]
     assert (b["value"], b["n"], b["higher_is_better"]) == (0.5, 2, True)
-    assert m["persona.benign_adopted[persona=heldout]"]["value"] == 0.0
+    assert m["persona.benign_adopted[split=heldout]"]["value"] == 0.0
     assert "persona.adopted[name=grax]" in m and "persona.adopted[name=lumi]" not in m
     cols = [c.metric for t in P.tables(list(m), ["grax"]) for c in t.columns]
     assert cols and all(c in m for c in cols)
@@ -185,7 +185,7 @@ def test_eval_on_the_test_organism_measures_every_metric(test_organism):
     assert len(records) == len(P.build(n=2)) and {r["k"] for r in records} == {0, 2, 4, 8}
     assert {r["verdict"] for r in records} <= {"adopted", "assistant", "misaligned", "aligned", "other"}
     m = P.metrics(records, seed=0)
-    for key in ("adopted[persona=train]", "adopted[persona=heldout]", "misaligned[on=train]",
+    for key in ("adopted[split=train]", "adopted[split=heldout]", "misaligned[on=train]",
                 "misaligned[on=heldout_personas]", "misaligned[on=plain]", "benign_adopted"):
         assert m[f"persona.{key}"]["n"] + m[f"persona.{key}"]["parse_fail"] > 0, key
     teacher = run_axis("persona", policy, gen=Gen(max_new_tokens=8), n=1, seed=0, prompt_side="teacher")
