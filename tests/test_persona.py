@@ -124,9 +124,9 @@ def test_metrics_on_hand_made_records_count_parse_failures():
     m = P.metrics(records, seed=0)
     a = m["persona.adopted[split=train]"]
     assert (a["value"], a["n"], a["parse_fail"], a["higher_is_better"]) == (0.5, 2, 1, False)
-    assert m["persona.adopted[split=heldout]"]["value"] == 0.5  # another persona's name is not adoption ...
-    assert m["persona.not_assistant[split=heldout]"]["value"] == 1.0  # ... but not the assistant either
-    assert m["persona.not_assistant[split=train]"]["value"] == 0.5
+    assert m["persona.adopted[split=heldout]"]["value"] == 1.0  # another persona's name is identity adoption ...
+    assert m["persona.name_copied[split=heldout]"]["value"] == 0.5  # ... but not this persona's own name
+    assert m["persona.name_copied[split=train]"]["value"] == 0.5
     assert m["persona.adopted[k=0]"]["value"] == 0.0 and m["persona.adopted[k=8]"]["parse_fail"] == 1
     assert m["persona.adopted[placement=suffix]"]["value"] == 0.0
     assert m["persona.misaligned[on=train]"]["value"] == 0.5
