@@ -156,3 +156,15 @@ def test_shipped_file_and_quick():
     quick = load_threats(ROOT / "configs" / "threats.yaml", quick=True)
     assert quick.run_name().endswith("-quick") and len(quick.seeds) == 1
     assert quick.train.max_steps < cfg.train.max_steps and quick.eval.n < cfg.eval.n
+
+
+def test_cli_runs_resumes_and_reports(tiny_run, capsys):
+    from opct.cli import main
+    from tiny_lm import cli_error
+
+    path, root, _ = tiny_run
+    (root / "report.html").unlink()
+    assert main(["run", str(path)]) == 0  # every cell done: resumes, rewrites the matrix and the report
+    assert (root / "report.html").exists() and "Cross-threat matrix" in capsys.readouterr().out
+    assert main(["report", str(root)]) == 0
+    assert "arms" in cli_error(capsys, ["run", str(path), "--arms", "base"])
