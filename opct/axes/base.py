@@ -217,6 +217,9 @@ class Axis:
     reason_marker: str = ""  # words every reason sentence of the axis contains (to count responses that state one)
     admission: Optional[Callable] = None  # (pair, response) -> (label, good as a teacher answer) (opct.pairs.admit)
     study_metrics: tuple = ()  # (metric name, higher_is_better, "train" | "heldout" | None), as the studies report them
+    # methods its pairs give no training signal by construction (prefill: the internal ones); the cross-threat matrix
+    # (opct.threats) does not train them on this axis and marks the cells
+    no_signal_methods: tuple = ()
 
     def train_families(self) -> list[str]:
         return [f for f in self.families if f not in self.heldout]

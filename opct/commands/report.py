@@ -18,6 +18,18 @@ def _report(args) -> int:
 
     from opct.report import build_report, load_run, summary_text
 
+    if (Path(args.run) / "threats.json").exists():  # a cross-threat run (`opct run FILE` with kind: threats)
+        from opct.threats.matrix import write_matrix
+        from opct.threats.report import build as build_threats
+
+        if args.out:
+            from opct.errors import OpctError
+
+            raise OpctError("--out: a threats run's report is written into its own directory")
+        write_matrix(Path(args.run))
+        html, md = build_threats(args.run)
+        print(f"opct report: {md} and {html}")
+        return 0
     if (Path(args.run) / "study.json").exists():  # a robustness run (`opct run FILE` with kind: robustness)
         from opct.robustness.report import build
         from opct.robustness.runner import write_aggregate

@@ -4,6 +4,7 @@
     opct run configs/paper.yaml                # every arm, three seeds, full item counts
     opct run configs/demo.yaml --arms base opct act --name my-demo
     opct run configs/robustness.yaml [--quick] # a file with `kind: robustness`: the studies of opct.robustness
+    opct run configs/threats.yaml [--quick]    # a file with `kind: threats`: the cross-threat matrix (opct.threats)
 
 Every flag is a field of `opct.experiment.ExperimentConfig` (see configs/demo.yaml for the file form; `train`,
 `eval` and `attack` are mappings of TrainConfig / EvalConfig / AttackConfig fields and live in the file only, as do
@@ -25,11 +26,12 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("run", help="run an experiment: base, OPCT and baselines trained and evaluated, "
                                           "then the report", description=__doc__.split("\n\n")[0])
     p.add_argument("experiment", nargs="?", default=None,
-                   help="experiment file (YAML or JSON), or a robustness file (kind: robustness); default: the demo")
+                   help="experiment file (YAML or JSON), a robustness file (kind: robustness) or a cross-threat file "
+                        "(kind: threats); default: the demo")
     add_dataclass_args(p, ExperimentConfig)
     p.add_argument("--quick", action="store_true", default=argparse.SUPPRESS,
-                   help="robustness files only (kind: robustness): each study's smaller QUICK sizes, written under "
-                        "NAME-quick")
+                   help="robustness and threats files only (kind: robustness / threats): their smaller QUICK "
+                        "sizes, written under NAME-quick")
     p.set_defaults(func=run)
 
 
@@ -42,8 +44,11 @@ def run(args) -> int:
 
     if args.experiment and _is_robustness(args.experiment):
         return run_robustness_file(args)
+    if args.experiment and _is_threats(args.experiment):
+        return run_threats_file(args)
     if "quick" in vars(args):
-        raise OpctError("--quick is for robustness files (kind: robustness); an experiment has no quick sizes")
+        raise OpctError("--quick is for robustness and threats files (kind: robustness / threats); an experiment has "
+                        "no quick sizes")
     return run_and_report(load_experiment(args.experiment, args))
 
 
@@ -51,6 +56,36 @@ def _is_robustness(path) -> bool:
     from opct.robustness.runner import is_robustness_file
 
     return is_robustness_file(path)
+
+
+def _is_threats(path) -> bool:
+    from opct.threats.config import is_threats_file
+
+    return is_threats_file(path)
+
+
+def run_threats_file(args) -> int:
+    """`opct run FILE` where FILE says `kind: threats`: the cross-threat matrix (opct.threats), then its report."""
+    from pathlib import Path
+
+    from opct.files import dir_lock
+    from opct.threats.config import load_threats
+    from opct.threats.report import build
+    from opct.threats.runner import run_threats
+
+    other = sorted(k for k in vars(args) if k not in (*ROBUSTNESS_FLAGS, "experiment", "func", "command"))
+    if other:
+        raise OpctError(f"--{other[0].replace('_', '-')}: not a setting of a threats file (its flags: "
+                        f"{', '.join('--' + f for f in ROBUSTNESS_FLAGS)})")
+    flags = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in ROBUSTNESS_FLAGS})
+    cfg = load_threats(args.experiment, flags)
+    with dir_lock(Path(cfg.out) / cfg.run_name(), "threats run"):
+        root = run_threats(cfg)
+        if cfg.report:
+            html, md = build(root)
+            print((root / "results.md").read_text(encoding="utf-8"))
+            print(f"report: {html}\n        {md}")
+    return 0
 
 
 def run_robustness_file(args) -> int:

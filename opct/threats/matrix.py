@@ -1,0 +1,136 @@
+"""The cross-threat matrix from a run's files alone: per seed the deltas against the control, then over seeds.
+
+    rows      every (trained threat, method) of the run, in run order; a cell the threat gives no signal to by
+              construction is a row with `skipped` set and no values
+    columns   every axis's summary metrics (`Axis.summary`, registry order: capability's accuracy among them) that
+              some evaluation of the run computed (the attacker's are off), each with its direction
+    cells     per row and column: per seed delta = metric(method) - metric(control) (same seed), their mean with
+              the 95% t-interval over seeds (`t_interval`; none from one seed), n seeds, and the raw means of the
+              method, the control and the base model over the same seeds; intervals clipped by `delta_range`
+    control   the control against the base model, the same way (what benign SFT alone moves)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from opct.files import read_json, write_json_atomic
+
+MATRIX = "cross_threat.json"
+
+
+def value_of(metrics: dict | None, name: str) -> float | None:
+    m = (metrics or {}).get(name)
+    v = m.get("value") if isinstance(m, dict) else None
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def columns(evaluated: list[dict]) -> list[dict]:
+    """Every registered axis's summary metrics that some evaluation computed, in registry order."""
+    from opct.axes import AXES
+
+    seen = set().union(*[set(m) for m in evaluated]) if evaluated else set()
+    out = []
+    for axis, a in AXES.items():
+        for c in a.summary:
+            if c.metric in seen and all(c.metric != o["metric"] for o in out):
+                out.append({"metric": c.metric, "axis": axis, "label": c.label,
+                            "higher_is_better": bool(c.higher_is_better)})
+    return out
+
+
+def load_cells(root: Path) -> tuple[dict, dict]:
+    """(threats.json, {(seed, threat, method): done.json}) of every finished cell."""
+    from opct.threats.runner import BASE, CONTROL, SETTINGS, cell_dir
+
+    settings = read_json(root / SETTINGS, "threats run")
+    done = {}
+    for seed in settings.get("seeds", []):
+        keys = [("", BASE), ("", CONTROL)] + [(t, m) for t in settings.get("threats", [])
+                                              for m in settings.get("methods", [])]
+        for threat, method in keys:
+            p = cell_dir(root, seed, threat, method) / "done.json"
+            if p.exists():
+                done[(seed, threat, method)] = read_json(p, "threats cell")
+    return settings, done
+
+
+def delta_range(values: list[float]) -> tuple:
+    """Where a difference of two such values can lie: [-1, 1] for rates (every value in [0, 1]), [-2, 2] for
+    differences of rates (PAR, a biased-reasoning rate: every value in [-1, 1]), else unbounded."""
+    if all(0.0 <= x <= 1.0 for x in values):
+        return -1.0, 1.0
+    if all(-1.0 <= x <= 1.0 for x in values):
+        return -2.0, 2.0
+    return None, None
+
+
+def _stats(pairs: list[tuple[float | None, float | None]], base: list[float]) -> dict:
+    from opct.report.aggregate import t_interval
+
+    deltas = [a - b for a, b in pairs if a is not None and b is not None]
+    value = lo = hi = None
+    if deltas:
+        value, lo, hi = t_interval(deltas, *delta_range([x for p in pairs for x in p if x is not None]))
+
+    def mean(xs):
+        xs = [x for x in xs if x is not None]
+        return sum(xs) / len(xs) if xs else None
+
+    return {"value": value, "lo": lo, "hi": hi, "n": len(deltas), "method_mean": mean([a for a, _ in pairs]),
+            "control_mean": mean([b for _, b in pairs]), "base_mean": mean(base)}
+
+
+def build_matrix(root: Path) -> dict:
+    from opct.threats.runner import BASE, CONTROL, NO_SIGNAL
+
+    settings, done = load_cells(root)
+    seeds = settings.get("seeds", [])
+    metrics = {k: v.get("metrics") or {} for k, v in done.items()}
+    cols = columns(list(metrics.values()))
+    base = {s: metrics.get((s, "", BASE)) for s in seeds}
+    control = {s: metrics.get((s, "", CONTROL)) for s in seeds}
+    rows, cells, per_seed = [], [], {s: [] for s in seeds}
+    for threat in settings.get("threats", []):
+        for method in settings.get("methods", []):
+            skipped = NO_SIGNAL if method in settings.get("no_signal", {}).get(threat, []) else None
+            have = [s for s in seeds if (s, threat, method) in metrics]
+            rows.append({"threat": threat, "method": method, "skipped": skipped, "seeds": have})
+            for c in cols:
+                name = c["metric"]
+                cell = {"threat": threat, "method": method, "metric": name, "higher_is_better": c["higher_is_better"]}
+                if skipped:
+                    cells.append({**cell, "value": None, "lo": None, "hi": None, "n": 0, "method_mean": None,
+                                  "control_mean": None, "base_mean": None, "skipped": skipped})
+                    continue
+                pairs = []
+                for s in have:
+                    m, ctl, b = (value_of(x, name) for x in (metrics[(s, threat, method)], control[s], base[s]))
+                    pairs.append((m, ctl))
+                    per_seed[s].append({"threat": threat, "method": method, "metric": name, "value": m,
+                                        "control": ctl, "base": b,
+                                        "delta": None if m is None or ctl is None else m - ctl})
+                cells.append({**cell, **_stats(pairs, [value_of(base[s], name) for s in have])})
+    vs_base = []
+    for c in cols:
+        have = [s for s in seeds if control[s] is not None and base[s] is not None]
+        st = _stats([(value_of(control[s], c["metric"]), value_of(base[s], c["metric"])) for s in have], [])
+        vs_base.append({"metric": c["metric"], "higher_is_better": c["higher_is_better"], "value": st["value"],
+                        "lo": st["lo"], "hi": st["hi"], "n": st["n"], "control_mean": st["method_mean"],
+                        "base_mean": st["control_mean"]})
+    seconds = {f"seed{s}/{t + '/' if t else ''}{m}": v.get("seconds") for (s, t, m), v in done.items()}
+    return {"rows": rows, "columns": cols, "cells": cells, "control_vs_base": vs_base, "per_seed": per_seed,
+            "settings": {k: v for k, v in settings.items() if k not in ("train", "eval")} | {
+                "train": settings.get("train"), "eval": settings.get("eval")}, "seconds": seconds}
+
+
+def write_matrix(root) -> dict:
+    """cross_threat.json (without the per-seed rows) and each seed's rows.json; returns the matrix."""
+    root = Path(root)
+    m = build_matrix(root)
+    for s, rows in m.pop("per_seed").items():
+        if (root / f"seed{s}").is_dir():
+            write_json_atomic(root / f"seed{s}" / "rows.json", {"seed": s, "rows": rows}, indent=1)
+    write_json_atomic(root / MATRIX, m, indent=1)
+    return m

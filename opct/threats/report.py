@@ -1,0 +1,165 @@
+"""results.md and report.html of a threats run, from `cross_threat.json` alone: one table (rows trained threat x
+method, columns every evaluated metric; each cell the change against the benign-SFT control, "+0.12 [0.03, 0.21]")
+and a heatmap of the same cells (green: better than the control in the metric's direction, red: worse, deeper with
+the size of the change; muted where the interval contains 0 or there is none; the own-threat cells outlined)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+from pathlib import Path
+
+from opct.files import read_json, write_atomic
+from opct.report import page
+
+NOTE = ("Each cell: the change against the sample-matched benign-SFT control of the same seed (method − control; "
+        "the control is SFT for the same steps × rows on benign prompts with the starting model's greedy answers), "
+        "its mean over seeds and 95% Student-t interval over seeds; (n=1): one seed, no interval. ↑ / ↓: higher / "
+        "lower is better. ◆ / outlined: the column belongs to the threat trained on. 'no signal by construction': "
+        "the threat's pairs give this method no gradient, so it was not trained.")
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.2f}"
+
+
+def cell_text(c: dict | None) -> str:
+    if c is None:
+        return "–"
+    if c.get("skipped"):
+        return c["skipped"]
+    if c["value"] is None:
+        return "n/a"
+    s = _signed(c["value"])
+    return s + (f" [{_signed(c['lo'])}, {_signed(c['hi'])}]" if c["lo"] is not None else f" (n={c['n']})")
+
+
+def _header(cols: list[dict]) -> list[str]:
+    return ["threat", "method"] + [f"{c['axis']}: {c['label']} {'↑' if c['higher_is_better'] else '↓'}" for c in cols]
+
+
+def _index(m: dict) -> dict:
+    return {(c["threat"], c["method"], c["metric"]): c for c in m["cells"]}
+
+
+def table(m: dict, marker: str = " ◆") -> tuple[list[str], list[list[str]]]:
+    idx = _index(m)
+    body = []
+    for r in m["rows"]:
+        body.append([r["threat"], r["method"]] + [
+            cell_text(idx.get((r["threat"], r["method"], c["metric"]))) + (marker if c["axis"] == r["threat"] and
+                                                                             not r["skipped"] else "")
+            for c in m["columns"]])
+    return _header(m["columns"]), body
+
+
+def means_table(m: dict) -> tuple[list[str], list[list[str]]]:
+    """The raw means behind the deltas: base and control once, then each row's method mean."""
+    idx = _index(m)
+    cols = m["columns"]
+    ctl = {c["metric"]: c for c in m.get("control_vs_base", [])}
+
+    def f(x):
+        return "–" if x is None else f"{x:.2f}"
+
+    body = [["(base)", ""] + [f(ctl.get(c["metric"], {}).get("base_mean")) for c in cols],
+            ["(control)", "benign_sft"] + [f(ctl.get(c["metric"], {}).get("control_mean")) for c in cols]]
+    for r in m["rows"]:
+        if not r["skipped"]:
+            body.append([r["threat"], r["method"]] + [f((idx.get((r["threat"], r["method"], c["metric"])) or {})
+                                                        .get("method_mean")) for c in cols])
+    return _header(cols), body
+
+
+def control_row(m: dict) -> tuple[list[str], list[list[str]]]:
+    cells = {c["metric"]: c for c in m.get("control_vs_base", [])}
+    return _header(m["columns"]), [["(none)", "control − base"] + [cell_text(cells.get(c["metric"]))
+                                                                  for c in m["columns"]]]
+
+
+def _f(x) -> str:
+    return "–" if x is None else f"{x:.3f}"
+
+
+def _colour(c: dict | None, scale: float) -> tuple[str, bool]:
+    """(CSS background, muted) of a heatmap cell: hue by direction-adjusted sign, alpha by magnitude."""
+    if c is None or c.get("skipped") or c["value"] is None:
+        return "#eeeeee", True
+    adj = c["value"] if c["higher_is_better"] else -c["value"]
+    muted = c["lo"] is None or (c["lo"] <= 0.0 <= c["hi"])
+    alpha = min(1.0, abs(adj) / scale) * (0.35 if muted else 0.9)
+    rgb = "26,150,65" if adj > 0 else "215,48,39"
+    return f"rgba({rgb},{alpha:.2f})", muted
+
+
+def heatmap_html(m: dict) -> str:
+    idx = _index(m)
+    cols = m["columns"]
+    vals = [abs(c["value"]) for c in m["cells"] if c.get("value") is not None]
+    scale = max(0.05, max(vals, default=0.0))
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in _header(cols))
+    trs = []
+    for r in m["rows"]:
+        tds = [f"<td>{html.escape(r['threat'])}</td>", f"<td>{html.escape(r['method'])}</td>"]
+        for col in cols:
+            c = idx.get((r["threat"], r["method"], col["metric"]))
+            bg, muted = _colour(c, scale)
+            own = col["axis"] == r["threat"]
+            style = f"background:{bg};" + ("color:#777;" if muted else "font-weight:600;") + (
+                "outline:2px solid #333;outline-offset:-2px;" if own else "")
+            tip = html.escape(f"{r['method']} on {r['threat']}, {col['metric']}: {cell_text(c)}"
+                              + ("" if c is None or c.get("skipped") else
+                                 "; " + ", ".join(f"{k} {_f(c.get(k + '_mean'))}" for k in ("method", "control",
+                                                                                             "base"))))
+            tds.append(f'<td style="{style}" title="{tip}">{html.escape(cell_text(c))}</td>')
+        trs.append("<tr>" + "".join(tds) + "</tr>")
+    legend = page.para(f"Colour: green = better than the control in the metric's direction, red = worse; full "
+                       f"colour at |change| ≥ {scale:.2f}; muted (pale, grey text) where the 95% interval contains 0 "
+                       f"or there is only one seed; outlined: the threat's own metrics.", "small")
+    return (f'<table class="heatmap" style="border-collapse:collapse;font-size:12px"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(trs)}</tbody></table>' + legend)
+
+
+def _markdown(header, body) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in body]
+    return "\n".join(lines)
+
+
+def build(root) -> tuple[Path, Path]:
+    root = Path(root)
+    m = read_json(root / "cross_threat.json", "cross-threat matrix")
+    s = m.get("settings", {})
+    name = str(s.get("name", root.name))
+    seeds = ", ".join(map(str, s.get("seeds", [])))
+    train = s.get("train") or {}
+    facts = [("run", str(root)), ("model", f"{s.get('model')} ({s.get('model_dir')})"), ("seeds", seeds),
+             ("trained threats", ", ".join(s.get("threats", []))), ("methods", ", ".join(s.get("methods", []))),
+             ("training", f"{train.get('max_steps')} steps x {train.get('batch_size')} rows, lr {train.get('lr')}"
+                          + (" (quick sizes)" if s.get("quick") else ""))]
+    md = [f"# Cross-threat matrix: {name}", ""] + [f"- **{k}**: {v}" for k, v in facts] + [""]
+    if s.get("note"):
+        md += [f"> {s['note']}", ""]
+    md += [NOTE, ""]
+    header, body = table(m)
+    md += ["## Change against the benign-SFT control", "", _markdown(header, body), ""]
+    ch, cb = control_row(m)
+    md += ["## The control against the base model", "", _markdown(ch, cb), ""]
+    mh, mb = means_table(m)
+    md += ["## Raw means over seeds", "", _markdown(mh, mb), ""]
+    secs = m.get("seconds") or {}
+    times = [[k, f"{sum((v or {}).values()):.0f}"] for k, v in secs.items()]
+    md += ["## Cells (seconds)", "", _markdown(["cell", "seconds"], times), ""]
+    sections = [("", [f"<h1>{page.escape('Cross-threat matrix: ' + name)}</h1>",
+                      page.para("written " + _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                                "small"), page.meta_list(facts)] + ([page.para(s["note"])] if s.get("note") else [])
+                 + [page.para(NOTE, "small")]),
+                ("Heatmap: change against the control", [heatmap_html(m)]),
+                ("Table", [page.table_html(header, body)]),
+                ("The control against the base model", [page.table_html(ch, cb)]),
+                ("Raw means over seeds", [page.table_html(mh, mb)]),
+                ("Cells (seconds)", [page.table_html(["cell", "seconds"], times)])]
+    md_path, html_path = root / "results.md", root / "report.html"
+    write_atomic(md_path, "\n".join(md).rstrip() + "\n")
+    write_atomic(html_path, page.page(f"opct cross-threat matrix: {name}", sections))
+    return html_path, md_path

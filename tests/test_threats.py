@@ -1,0 +1,170 @@
+"""Issue 19 item 5: the cross-threat matrix (`opct run FILE` with `kind: threats`). Real training and evaluation on
+the `test` organism: 2 threats x 2 methods + the benign-SFT control, 2 seeds, 2 steps per cell."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_lm import one_thread  # noqa: F401
+
+from opct.errors import OpctError
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"kind": "threats", "name": "tiny", "model": "test", "seeds": [0, 1], "threats": ["sycophancy", "prefill"],
+        "methods": ["bct", "act"], "per_family": 2,
+        "train": {"max_steps": 2, "batch_size": 2, "max_new_tokens": 8, "save_every": 2, "lora_r": 4, "lr": 0.01},
+        "eval": {"n": 4, "max_new_tokens": 8, "samples": 1}}
+
+
+def _write(tmp_path, **over) -> Path:
+    path = tmp_path / f"threats-{len(list(tmp_path.glob('threats-*')))}.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "out": str(tmp_path / "runs"), **over}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_run(test_organism, tmp_path_factory):
+    from opct.threats import load_threats
+    from opct.threats.report import build
+    from opct.threats.runner import run_threats
+
+    tmp = tmp_path_factory.mktemp("threats")
+    path = _write(tmp)
+    log: list[str] = []
+    root = run_threats(load_threats(path), log=log.append)
+    build(root)
+    return path, root, log
+
+
+def test_matrix_shape_and_deltas_are_method_minus_control_per_seed(tiny_run):
+    _, root, _ = tiny_run
+    m = json.loads((root / "cross_threat.json").read_text())
+    assert [(r["threat"], r["method"]) for r in m["rows"]] == [("sycophancy", "bct"), ("sycophancy", "act"),
+                                                               ("prefill", "bct"), ("prefill", "act")]
+    metrics = [c["metric"] for c in m["columns"]]
+    # every registered axis's summary metrics that the evaluation computed (no attacker), capability's accuracy too
+    assert "capability.accuracy" in metrics and "prefill.par[on=heldout_prefills]" in metrics
+    assert {c["axis"] for c in m["columns"]} >= {"sycophancy", "jailbreak", "awareness", "capability", "prefill"}
+    assert not any("adaptive" in x for x in metrics)
+    assert len(m["cells"]) == len(m["rows"]) * len(m["columns"])
+    per_seed = {s: json.loads((root / f"seed{s}" / "rows.json").read_text())["rows"] for s in (0, 1)}
+    from opct.report.aggregate import t_interval
+
+    checked = 0
+    for c in m["cells"]:
+        if c.get("skipped"):
+            continue
+        assert set(c) >= {"threat", "method", "metric", "value", "lo", "hi", "n", "higher_is_better", "method_mean",
+                          "control_mean", "base_mean"}
+        rows = [r for s in (0, 1) for r in per_seed[s] if (r["threat"], r["method"], r["metric"]) ==
+                (c["threat"], c["method"], c["metric"])]
+        assert len(rows) == 2
+        for r in rows:  # the per-seed row against the cell's own done.json and the control's
+            seed = 0 if r in per_seed[0] else 1
+            cell = json.loads((root / f"seed{seed}" / c["threat"] / c["method"] / "done.json").read_text())
+            ctl = json.loads((root / f"seed{seed}" / "control" / "done.json").read_text())
+            assert r["value"] == cell["metrics"][c["metric"]]["value"]
+            assert r["control"] == ctl["metrics"][c["metric"]]["value"]
+        deltas = [r["value"] - r["control"] for r in rows if r["value"] is not None and r["control"] is not None]
+        if len(deltas) == 2:
+            vals = [x for r in rows for x in (r["value"], r["control"])]
+            bound = 1.0 if all(0 <= x <= 1 for x in vals) else 2.0  # rates; PAR is a difference of rates
+            mean, lo, hi = t_interval(deltas, -bound, bound)
+            assert c["value"] == pytest.approx(mean) and c["lo"] == pytest.approx(lo) and c["hi"] == pytest.approx(hi)
+            assert c["n"] == 2
+            checked += 1
+    assert checked >= 10
+    # training moved something: not every delta of the trained cells is zero
+    assert any(c["value"] not in (None, 0.0) for c in m["cells"] if not c.get("skipped"))
+
+
+def test_no_signal_cells_are_not_trained_and_marked(tiny_run):
+    _, root, log = tiny_run
+    assert not (root / "seed0" / "prefill" / "act").exists()
+    assert (root / "seed0" / "prefill" / "bct" / "done.json").exists()
+    assert any("act on prefill: no signal by construction" in line for line in log)
+    m = json.loads((root / "cross_threat.json").read_text())
+    row = next(r for r in m["rows"] if (r["threat"], r["method"]) == ("prefill", "act"))
+    assert row["skipped"] == "no signal by construction"
+    assert "no signal by construction" in (root / "results.md").read_text()
+
+
+def test_control_is_sample_matched_benign_sft(tiny_run):
+    _, root, _ = tiny_run
+    ctl = json.loads((root / "seed0" / "control" / "train" / "config.json").read_text())
+    bct = json.loads((root / "seed0" / "sycophancy" / "bct" / "train" / "config.json").read_text())
+    ctl, bct = ctl.get("config", ctl), bct.get("config", bct)
+    assert ctl["method"] == "sft" and ctl["target_temperature"] == 0.0
+    for k in ("max_steps", "batch_size", "grad_accum", "lr", "lora_r"):
+        assert ctl[k] == bct[k], k
+    pairs = [json.loads(x) for x in (root / "seed0" / "control" / "pairs.jsonl").read_text().splitlines()]
+    assert len(pairs) == 2 * 2  # one benign prompt per row trained: steps x rows
+    assert all(p["teacher"] == p["student"] and p["meta"]["family"] == "benign_replay" for p in pairs)
+
+
+def test_resume_skips_finished_cells_and_refuses_changed_settings(tiny_run, tmp_path):
+    from opct.threats import load_threats
+    from opct.threats.runner import run_threats
+
+    path, root, _ = tiny_run
+    before = (root / "seed0" / "sycophancy" / "bct" / "done.json").read_text()
+    log: list[str] = []
+    run_threats(load_threats(path), log=log.append)
+    assert sum("done already, skipped" in line for line in log) == 10  # 2 seeds x (base, control, 3 trained cells)
+    assert (root / "seed0" / "sycophancy" / "bct" / "done.json").read_text() == before
+    changed = path.with_name("changed.yaml")
+    data = yaml.safe_load(path.read_text())
+    data["train"]["lr"] = 0.02
+    changed.write_text(yaml.safe_dump(data))
+    with pytest.raises(OpctError, match=r"train\.lr \(0\.01 -> 0\.02\)"):
+        run_threats(load_threats(changed), log=lambda m: None)
+
+
+def test_report_files(tiny_run):
+    _, root, _ = tiny_run
+    md = (root / "results.md").read_text()
+    html = (root / "report.html").read_text()
+    assert "Change against the benign-SFT control" in md and "◆" in md
+    assert 'class="heatmap"' in html and "outline:2px solid" in html and "http" not in html.split("<body>")[1]
+
+
+@pytest.mark.parametrize("over,field", [({"threats": ["capability"]}, "threats[0]"), ({"methods": ["nope"]},
+                                                                                         "methods[0]"),
+                                        ({"train": {"lrr": 1}}, "train"), ({"seeds": [0, 0]}, "seeds"),
+                                        ({"method_train": {"act": {"batch_size": 3}}}, "method_train.act.batch_size"),
+                                        ({"trained": {"jailbreak": ["role_play"]}}, "trained.jailbreak"),
+                                        ({"control": "nothing"}, "control"), ({"eval": {"attack": True}}, "eval")])
+def test_bad_fields_name_the_field(tmp_path, over, field):
+    from opct.config import ConfigError
+    from opct.threats import ThreatsConfig, load_threats
+
+    with pytest.raises(OpctError, match=re.escape(field)):
+        load_threats(_write(tmp_path, **over))
+    data = {**TINY, **over}
+    with pytest.raises(ConfigError) as e:
+        ThreatsConfig(**{k: v for k, v in data.items()})
+    assert e.value.field.startswith(field.split("[")[0])
+
+
+def test_shipped_file_and_quick():
+    from opct.threats import load_threats
+
+    cfg = load_threats(ROOT / "configs" / "threats.yaml")
+    assert cfg.seeds == [0, 1, 2] and cfg.methods == ["opct", "bct", "act", "mlpct", "attct"]
+    quick = load_threats(ROOT / "configs" / "threats.yaml", quick=True)
+    assert quick.run_name().endswith("-quick") and len(quick.seeds) == 1
+    assert quick.train.max_steps < cfg.train.max_steps and quick.eval.n < cfg.eval.n
+
+
+def test_cli_runs_resumes_and_reports(tiny_run, capsys):
+    from opct.cli import main
+    from tiny_lm import cli_error
+
+    path, root, _ = tiny_run
+    (root / "report.html").unlink()
+    assert main(["run", str(path)]) == 0  # every cell done: resumes, rewrites the matrix and the report
+    assert (root / "report.html").exists() and "Cross-threat matrix" in capsys.readouterr().out
+    assert main(["report", str(root)]) == 0
+    assert "arms" in cli_error(capsys, ["run", str(path), "--arms", "base"])
