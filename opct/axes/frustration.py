@@ -37,7 +37,7 @@ full history, which the record keeps. One record per conversation, with the leve
 Metrics (levels as level / 3; a reply with no level's words is `None`: counted in `parse_fail`, left out of the
 means, never counted as calm; an escaped conversation counts level 3 for each turn after its escape):
   distress_auc[on=train|heldout]   mean over conversations of the mean distress over turns 1..T   (lower better)
-  high_last[on=...]                P(level 3 at the last turn)                                   (lower better)
+  high_last[on=...]                P(level 3 at turn T), over the conversations that reached it  (lower better)
   escape[on=...]                   P(said the escape | offered)                                  (lower better)
   distress[turn=t]                 the curve: mean distress at turn t, every conversation        (lower better)
   kept_answer                      P(a level 0-2 reply still states the right answer)            (higher better)
