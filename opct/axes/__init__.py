@@ -6,6 +6,8 @@
   capability   arithmetic, multiple-choice facts, instruction constraints (evaluated only)  (capability.py)
   prefill      a compliance prefix at the start of the assistant's turn                    (prefill.py)
   persona      biographical question-answer pairs about a persona before the question     (persona.py)
+  frustration  content-free rejections over a multi-turn conversation (distress, escape)   (frustration.py)
+  conditional  an inoculation (trigger) system prompt and its paraphrases                  (conditional.py)
 
 Adding a threat is adding one module that builds an `opct.axes.base.Axis` and registering it: `register(AXIS)` from
 Python, or, for the command line, a module named in the environment variable `OPCT_AXES` (comma-separated import
@@ -44,9 +46,9 @@ def pair_axes() -> list[str]:
 
 
 def _builtin() -> None:
-    from opct.axes import awareness, capability, jailbreak, persona, prefill, sycophancy
+    from opct.axes import awareness, capability, frustration, jailbreak, persona, prefill, sycophancy
 
-    for module in (sycophancy, jailbreak, awareness, capability, prefill, persona):
+    for module in (sycophancy, jailbreak, awareness, capability, prefill, persona, frustration):
         register(module.AXIS)
 
 
