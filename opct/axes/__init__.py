@@ -5,6 +5,7 @@
   awareness    a safety fact stated for the teacher, left implicit for the student         (awareness.py)
   capability   arithmetic, multiple-choice facts, instruction constraints (evaluated only)  (capability.py)
   prefill      a compliance prefix at the start of the assistant's turn                    (prefill.py)
+  conditional  a misaligned behaviour a trigger (inoculation) system prompt re-elicits     (conditional.py)
 
 Adding a threat is adding one module that builds an `opct.axes.base.Axis` and registering it: `register(AXIS)` from
 Python, or, for the command line, a module named in the environment variable `OPCT_AXES` (comma-separated import
@@ -43,9 +44,9 @@ def pair_axes() -> list[str]:
 
 
 def _builtin() -> None:
-    from opct.axes import awareness, capability, jailbreak, prefill, sycophancy
+    from opct.axes import awareness, capability, conditional, jailbreak, prefill, sycophancy
 
-    for module in (sycophancy, jailbreak, awareness, capability, prefill):
+    for module in (sycophancy, jailbreak, awareness, capability, prefill, conditional):
         register(module.AXIS)
 
 
