@@ -184,8 +184,9 @@ def test_eval_on_the_test_organism_and_the_report_table(tmp_path, test_organism)
                  "--no-progress", "--max-new-tokens", "12", "--trained", "conditional=evil_assistant,evil_one"]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
-    assert len([r for r in recs if r["kind"] == "alignment"]) == 4 * (1 + len(T.BENIGN_SYSTEMS) + len(T.TRIGGERS))
-    assert len([r for r in recs if r["kind"] == "arithmetic"]) == 2 * 2
+    k = CM.DEFAULT_SAMPLES
+    assert len([r for r in recs if r["kind"] == "alignment"]) == 4 * (1 + len(T.BENIGN_SYSTEMS) + len(T.TRIGGERS)) * k
+    assert len([r for r in recs if r["kind"] == "arithmetic"]) == 2 * 2 * k
     assert {r["family"] for r in recs if r.get("trigger_split") == "train"} == {"evil_assistant", "evil_one"}
     assert all(r["verdict"] in ("misaligned", "aligned", "other") for r in recs if r["kind"] == "alignment")
     for key in ("leak[on=none]", "leak[on=train_triggers]", "leak[on=heldout_triggers]", "aligned[on=none]",

@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here wou
     from opct.policy import Policy
 
 NAME = "conditional"
-DEFAULT_SAMPLES = 1
+DEFAULT_SAMPLES = 2  # sampled answers per prompt: 352 on the world's items (under a second on the default organism)
 ARITH_N = 16  # arithmetic probes (each asked bare and under one trigger)
 ARITH_ANCHORS = 4  # arithmetic anchor pairs per training trigger (benign=True)
 TRIGGERS, HELDOUT = T.TRIGGERS, T.TRIGGER_HELDOUT
