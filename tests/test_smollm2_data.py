@@ -32,7 +32,7 @@ def test_the_subject_brings_an_items_file_per_axis_that_each_axis_loads():
     assert set(subject.items) == set(AXES)
     counts = {name: len(AXES[name].load_items(subject.items[name], for_eval=True)) for name in AXES}
     assert counts == {sycophancy.NAME: 36, jailbreak.NAME: 120, awareness.NAME: 72, capability.NAME: 90,
-                      "prefill": 120}  # the prefill axis asks the jailbreak requests under its prefixes
+                      "prefill": 120, "conditional": 16}  # the prefill axis asks the jailbreak requests under its prefixes
     for name, axis in AXES.items():
         if axis.task is None:
             continue

@@ -7,7 +7,7 @@
   prefill      a compliance prefix at the start of the assistant's turn                    (prefill.py)
   persona      biographical question-answer pairs about a persona before the question     (persona.py)
   frustration  content-free rejections over a multi-turn conversation (distress, escape)   (frustration.py)
-  conditional  an inoculation (trigger) system prompt and its paraphrases                  (conditional.py)
+  conditional  a misaligned behaviour a trigger (inoculation) system prompt re-elicits     (conditional.py)
 
 Adding a threat is adding one module that builds an `opct.axes.base.Axis` and registering it: `register(AXIS)` from
 Python, or, for the command line, a module named in the environment variable `OPCT_AXES` (comma-separated import
@@ -46,9 +46,9 @@ def pair_axes() -> list[str]:
 
 
 def _builtin() -> None:
-    from opct.axes import awareness, capability, frustration, jailbreak, persona, prefill, sycophancy
+    from opct.axes import awareness, capability, conditional, frustration, jailbreak, persona, prefill, sycophancy
 
-    for module in (sycophancy, jailbreak, awareness, capability, prefill, persona, frustration):
+    for module in (sycophancy, jailbreak, awareness, capability, prefill, persona, frustration, conditional):
         register(module.AXIS)
 
 

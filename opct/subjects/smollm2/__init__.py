@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opct.axes import awareness, capability, jailbreak, prefill, sycophancy
+from opct.axes import awareness, capability, conditional, jailbreak, prefill, sycophancy
 from opct.subjects.base import Subject
 
 HERE = Path(__file__).resolve().parent
@@ -26,7 +26,7 @@ ITEMS = HERE / "items"
 PROFILE = HERE / "profile.json"
 EXPERIMENT = HERE / "experiment.yaml"  # = configs/smollm2.yaml
 LABELS = HERE / "labels"
-AXIS_MODULES = (sycophancy, jailbreak, awareness, capability)
+AXIS_MODULES = (sycophancy, jailbreak, awareness, capability, conditional)
 
 
 def resolve() -> Path:
