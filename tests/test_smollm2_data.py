@@ -14,6 +14,7 @@ import pytest
 
 import tiny_lm
 from opct.axes import AXES, awareness, capability, jailbreak, sycophancy
+from opct.errors import OpctError
 from opct.evals import text_judges as T
 from opct.subjects import SUBJECTS
 from opct.subjects.smollm2 import ITEMS, LABELS, PROFILE, fetch as F
@@ -29,12 +30,16 @@ def _rows(path):
 
 def test_the_subject_brings_an_items_file_per_axis_that_each_axis_loads():
     subject = SUBJECTS["smollm2"]
-    assert set(subject.items) == set(AXES)
-    counts = {name: len(AXES[name].load_items(subject.items[name], for_eval=True)) for name in AXES}
+    world_only = set(AXES) - set(subject.items)  # axes whose probes and judges are the world's: evaluated on them
+    assert world_only == {"persona", "frustration"}
+    for name in world_only:
+        with pytest.raises(OpctError, match="world"):
+            AXES[name].load_items(subject.items["capability"], for_eval=True)
+    counts = {name: len(AXES[name].load_items(subject.items[name], for_eval=True)) for name in subject.items}
     assert counts == {sycophancy.NAME: 36, jailbreak.NAME: 120, awareness.NAME: 72, capability.NAME: 90,
                       "prefill": 120, "conditional": 16}  # the prefill axis asks the jailbreak requests under its prefixes
     for name, axis in AXES.items():
-        if axis.task is None:
+        if axis.task is None or name in world_only:
             continue
         pairs = axis.make_pairs(axis.load_items(subject.items[name], for_eval=False), axis.train_families(),
                                 axis.heldout, None, 0, True)
