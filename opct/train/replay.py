@@ -173,7 +173,7 @@ def replay_backward(run, rows: list[ReplayRow], n_global: int, sync_last: bool) 
             with run.autocast():
                 logp_B_R_V = log_probs(response_logits(run.model, batch))
             nll_B_R = -token_logprobs(logp_B_R_V, batch.response_ids_B_R)
-            acc.backward((nll_B_R * mask_B_R).sum() * scale)
+            run.backward((nll_B_R * mask_B_R).sum() * scale)
         nll_sum += (nll_B_R.detach() * mask_B_R).sum().double()
         del logp_B_R_V, nll_B_R
     nll_sum = acc.reduce(nll_sum, reduction="sum")
