@@ -42,7 +42,8 @@ def is_deepspeed(accelerator) -> bool:
 
 def accelerator_kwargs() -> dict:
     """Extra Accelerator arguments: the gloo backend for DeepSpeed on a machine without CUDA (see the docstring)."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and not torch.cuda.is_available():
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" and not torch.cuda.is_available() \
+            and "LOCAL_RANK" in os.environ:  # started by a launcher (without one, check_sharding says so)
         from accelerate.utils import InitProcessGroupKwargs
 
         return {"kwargs_handlers": [InitProcessGroupKwargs(backend="gloo")]}
@@ -63,6 +64,10 @@ def check_sharding(accelerator) -> None:
                         f"DeepSpeed ZeRO-1/2 (sharded optimizer state) and DDP; launch with "
                         f"`accelerate launch --use_deepspeed --zero_stage 2` or `--multi_gpu` instead "
                         f"(ZeRO-3 and FSDP are tried, untested, by bench/gpu_check.sh on a GPU)")
+    if kind == "DEEPSPEED" and "LOCAL_RANK" not in os.environ:
+        raise OpctError("ACCELERATE_USE_DEEPSPEED is set but no launcher started this process: run it through "
+                        "`accelerate launch --use_deepspeed --zero_stage 2 --num_processes N -m opct.cli train ...` "
+                        "(or torchrun)")
     if kind == "DEEPSPEED" and accelerator.num_processes == 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise OpctError(f"DeepSpeed sees {os.environ['WORLD_SIZE']} ranks but accelerate only 1 (no process group "
                         f"backend on this machine); this is a bug in opct.train.sharded.accelerator_kwargs")
