@@ -1,9 +1,9 @@
 """The training loop every method shares: `train(config)`.
 
 It owns what methods have in common (DESIGN §4): loading the model, LoRA or full fine-tuning, the frozen teacher,
-the data order, the accelerate set-up (one CPU process, or `accelerate launch` for DDP), clipping, the optimizer and
-schedule, NaN handling, atomic checkpoints with exact resume, metrics.jsonl, TensorBoard and the progress bar. A
-method (opct/methods) only computes one step's gradients.
+the data order, the accelerate set-up (one CPU process, `accelerate launch` for DDP, or DeepSpeed ZeRO-1/2:
+opct.train.sharded), clipping, the optimizer and schedule, NaN handling, atomic checkpoints with exact resume,
+metrics.jsonl, trackers and the progress bar. A method (opct/methods) only computes one step's gradients.
 
 Data order: pairs are drawn from an endless stream of seeded per-epoch permutations; an optimizer step takes the
 next `batch_size * grad_accum * processes` pairs. The stream is a pure function of (seed, position), so resuming
@@ -300,7 +300,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         except OpctError as e:
             raise OpctError(f"step {step}: {e} (last good checkpoint: {latest_checkpoint(out) or 'none'})") from None
         lr = scheduler.get_last_lr()[0]
-        if deepspeed:  # the engine clips and steps; it skips the update on every rank when the global norm is not finite
+        if deepspeed:  # the engine clips, steps, skips the update on every rank when the global norm is not finite
             grad_norm, finite = sharded.step(acc)
         else:
             grad_norm = float(acc.clip_grad_norm_(params, config.max_grad_norm or math.inf))

@@ -9,9 +9,11 @@ What the training loop does differently when accelerate runs DeepSpeed (`is_deep
   divide by its own accumulation steps nor step on its own: `managed_gradient_accumulation: false` makes
   `backward` only accumulate and `step()` the one boundary (reduce, clip to `max_grad_norm`, update).
 - NaN skip: the engine computes the global gradient norm over every rank's shard and skips the update (on every
-  rank, as the norm is all-reduced) when it is not finite. A non-finite loss is checked on every rank before its
-  backward and all-reduced; when any rank has one, every rank back-propagates a NaN through the trainable
-  parameters instead, so the engine's own check skips that step on all of them together.
+  rank, as the norm is all-reduced) when it is not finite. A rank whose loss is not finite back-propagates a NaN
+  through every trainable parameter instead, so the engine's own check skips that step on all ranks together
+  (a non-finite loss with finite gradients would otherwise be stepped on).
+- equal backward counts: ZeRO-2 reduces in every backward, so a rank with fewer replay micro-batches than another
+  (a step's replay rows split unevenly) runs zero-gradient backward passes in their place (`pad_backward`).
 - checkpoints: each rank writes its optimizer shard (the base AdamW state of its flat partition and its fp32 master
   partition) as `optimizer-rank<r>.safetensors` (tensors) + `optimizer-rank<r>.json` (everything else); the weights
   are whole on every rank under ZeRO-1/2 and saved once, as without sharding. state.json records the sharding
@@ -83,8 +85,8 @@ def configure(accelerator, config) -> None:
     ds["gradient_clipping"] = float(config.max_grad_norm)
     ds["zero_allow_untested_optimizer"] = True
     ds.setdefault("steps_per_print", 10 ** 9)  # no engine progress lines between opct's own
-    for key in ("fp16", "bf16"):
-        ds[key] = {"enabled": key == "bf16" and config.bf16}
+    for key in ("fp16", "bf16"):  # --bf16 is opct's own autocast over float32 weights (StepContext.autocast), as
+        ds[key] = {"enabled": False}  # without DeepSpeed: its bf16 mode would cast the weights (and LoRA's teacher)
     accelerator.gradient_accumulation_steps = 1
 
 
@@ -92,15 +94,26 @@ def engine(accelerator):
     return accelerator.deepspeed_engine_wrapped.engine
 
 
+def _through_every_parameter(model, value: float) -> torch.Tensor:
+    """A scalar whose gradient is `value` for every trainable parameter (0: a backward that only takes part)."""
+    return torch.stack([p.sum() for p in model.parameters() if p.requires_grad]).sum() * value
+
+
 def backward(accelerator, model, loss: torch.Tensor) -> None:
-    """One micro-batch's backward under DeepSpeed (see the module docstring for the NaN handling)."""
+    """One micro-batch's backward under DeepSpeed: accumulate only (the step is `step`). A non-finite loss sends a NaN
+    through every trainable parameter instead: the engine reduces the gradients across ranks as they are made, so
+    the NaN reaches every rank's shard, the global norm, and so every rank's decision to skip."""
     eng = engine(accelerator)
-    ok = torch.tensor([1.0 if bool(torch.isfinite(loss.detach()).all()) else 0.0], device=loss.device)
-    ok = accelerator.reduce(ok, reduction="sum")
-    if float(ok) < accelerator.num_processes:
-        params = [p for p in model.parameters() if p.requires_grad]
-        loss = torch.stack([p.sum() for p in params]).sum() * float("nan")
+    if not bool(torch.isfinite(loss.detach()).all()):
+        loss = _through_every_parameter(model, float("nan"))
     eng.backward(loss, scale_wrt_gas=False)
+
+
+def pad_backward(accelerator, model, n: int) -> None:
+    """`n` zero-gradient backward passes: ZeRO-2 reduces gradients in every backward, so every rank must run as many
+    as the others, at the same point (benign replay splits a step's rows unevenly over the ranks)."""
+    for _ in range(n):
+        engine(accelerator).backward(_through_every_parameter(model, 0.0), scale_wrt_gas=False)
 
 
 def step(accelerator) -> tuple[float, bool]:
