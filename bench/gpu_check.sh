@@ -2,7 +2,8 @@
 # One short check of the GPU path, prepared to run once on a lent GPU machine (the device tool) and written so that
 # each part reports on its own: versions; the demo experiment (`opct run`) with bf16 OPCT/BCT training and every
 # suite (adaptive attacker included) evaluated on CUDA; full fine-tuning with gradient checkpointing in bf16; the
-# OPCT step's throughput at a larger batch. Usage (repository root, a CUDA build of torch installed):
+# OPCT step's throughput at a larger batch; sharded launches (DeepSpeed ZeRO-2/3, FSDP; untested). Usage
+# (repository root, a CUDA build of torch installed):
 #     OUT=/tmp/gpu-check bash bench/gpu_check.sh
 # Results: $OUT/gpu_check.log, the experiment's results.md and report.html, and train metrics.
 set -u
@@ -67,4 +68,28 @@ import json
 rows = [json.loads(x) for x in open("/tmp/tp/metrics.jsonl")][3:]
 print("OPCT bf16 LoRA 32x4: s/step %.3f, tokens/s %.0f" % (sum(r["step_time_s"] for r in rows) / len(rows), sum(r["tokens_per_s"] for r in rows) / len(rows)))
 PYEOF
+
+echo "== 4. sharded launches -- UNTESTED: written on 2026-12-01 without a GPU; what they should print is said first"
+# ZeRO-2 should train 4 steps, resume to 6 and say 'resume: ok'; ZeRO-3 and FSDP should each stop with opct's
+# 'shards the parameters' error (rc 1, no traceback), as neither is supported yet (opct/train/sharded.py); on a
+# single GPU accelerate may not turn FSDP on at all, and the FSDP line then prints nothing (one plain process).
+NP=$(nvidia-smi -L 2>/dev/null | wc -l); NP=$(( NP < 1 ? 1 : NP ))
+LAUNCH="$PY -m accelerate.commands.launch --num_processes $NP --num_machines 1 --mixed_precision no --dynamo_backend no"
+SHARD_ARGS="--method opct --model opct/organisms/default --pairs /tmp/runs/gpu/pairs/seed0.jsonl --bf16 --batch-size 8 \
+  --n-samples 2 --lr 1e-3 --max-new-tokens 48 --save-every 2"
+if $PY -c "import deepspeed" 2>/dev/null; then
+  t0=$(date +%s)
+  timeout 120 $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out /tmp/z2 --max-steps 4 2>&1 | quiet | tail -4
+  timeout 120 $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out /tmp/z2 --max-steps 6 --resume \
+    2>&1 | quiet | tail -4
+  $PY -c "import json; r=[json.loads(x) for x in open('/tmp/z2/metrics.jsonl')]; print('ZeRO-2 on', $NP, 'GPU(s): steps', [x['step'] for x in r], 'losses', [round(x['loss'], 4) for x in r], '| resume: ok' if [x['step'] for x in r] == list(range(1, 7)) else '| resume: FAILED')"
+  ls /tmp/z2/checkpoints/*/ 2>/dev/null | head -12
+  echo "ZeRO-2: $(( $(date +%s) - t0 )) s"
+  timeout 120 $LAUNCH --use_deepspeed --zero_stage 3 -m opct.cli train $SHARD_ARGS --out /tmp/z3 --max-steps 2 2>&1 \
+    | quiet | grep -a -e "opct: error" -e Traceback | head -3
+else
+  echo "ZeRO-2 / ZeRO-3: skipped, deepspeed is not installed (pip install 'opct[deepspeed]')"
+fi
+timeout 120 $LAUNCH --use_fsdp -m opct.cli train $SHARD_ARGS --out /tmp/fsdp --max-steps 2 2>&1 | quiet \
+  | grep -a -e "opct: error" -e Traceback | head -3
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv

@@ -63,6 +63,12 @@ _LAYER_PARTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "sel
                 "input_layernorm", "post_attention_layernorm")
 
 
+def _bookkeeping(hook) -> bool:
+    """DeepSpeed's engine hooks the root module for its timers and profiler (ZeRO-3 partitioning is refused by
+    opct.train.sharded, fp16 input casting is never enabled by opct): they leave the forward's values alone."""
+    return getattr(hook, "__qualname__", "").startswith("DeepSpeedEngine._create_module_forward_")
+
+
 class NonFinite(Exception):
     """The model's probabilities are not finite (diverged weights): nothing can be sampled from them."""
 
@@ -127,7 +133,7 @@ class LlamaEngine:
         devices, linear_bytes = set(), 0
         for m in getattr(model, "module", model).modules():
             # forward hooks (activation recording, steering) would be bypassed: leave hooked models to generate()
-            if m._forward_hooks or m._forward_pre_hooks:
+            if any(not _bookkeeping(h) for h in (*m._forward_hooks.values(), *m._forward_pre_hooks.values())):
                 raise Unsupported("forward hooks")
             devices.update(p.device for p in m._parameters.values() if p is not None)
             if isinstance(m, torch.nn.Linear):

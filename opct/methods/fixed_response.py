@@ -125,7 +125,7 @@ def bct_soft_step(run: StepContext, micro_batches: list[list[Pair]]) -> dict[str
             with run.autocast():
                 s_logp_B_M_V = _take(log_probs(response_logits(run.model, student)), s_cols)
             kl_B_M = forward_kl_full(t_logp_B_M_V, s_logp_B_M_V)
-            acc.backward((kl_B_M * mask_B_M).sum() * scale)
+            run.backward((kl_B_M * mask_B_M).sum() * scale)
         kl_sum += (kl_B_M.detach() * mask_B_M).sum().double()
         del t_logp_B_M_V, s_logp_B_M_V, kl_B_M
     kl_sum = acc.reduce(kl_sum, reduction="sum")

@@ -125,7 +125,7 @@ def internal_step(run: StepContext, micro_batches: list[list[Pair]], site: str, 
                 surrogate, value = surrogate + sur_l, value + val_l
             # + 0 x logits: every trainable parameter gets a gradient (zero where the loss does not reach, e.g. past
             # the last chosen layer), as DDP requires of every parameter that the forward's output depends on.
-            acc.backward(surrogate * (weight * scale) + 0.0 * logits.float().sum())
+            run.backward(surrogate * (weight * scale) + 0.0 * logits.float().sum())
         value_sum += value.detach().double()
         del s_rec, t_rec, s_acts, t_acts, surrogate, logits  # free before the next micro-batch's forward
     value_sum = acc.reduce(value_sum, reduction="sum")

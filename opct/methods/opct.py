@@ -119,7 +119,7 @@ def kl_step(run: StepContext, micro_batches: list[list[Pair]], responses) -> dic
                     loss, stats = _fused_loss(run, student, teacher, mask_B_R)
                 else:
                     loss, stats = _vocab_loss(run, student, teacher, mask_B_R, sampler_logp_B_R)
-            acc.backward(loss * scale)
+            run.backward(loss * scale)
         rows, truncated = len(samples.response_ids), sum(samples.truncated)
         sums += torch.stack([*stats, mask_B_R.new_tensor(rows), mask_B_R.new_tensor(truncated)]).to(sums)
         del loss  # free the graph before the next micro-batch's forward

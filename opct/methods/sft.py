@@ -228,7 +228,7 @@ def sft_step(run: StepContext, micro_batches: list[list[Pair]]) -> dict[str, flo
             with run.autocast():
                 logp_B_R_V = log_probs(response_logits(run.model, batch))
             nll_B_R = -token_logprobs(logp_B_R_V, batch.response_ids_B_R)
-            acc.backward((nll_B_R * mask_B_R).sum() * scale)
+            run.backward((nll_B_R * mask_B_R).sum() * scale)
         with torch.no_grad():
             sums += torch.stack([(nll_B_R.detach() * mask_B_R).sum(), (entropy(logp_B_R_V.detach()) * mask_B_R).sum(),
                                  mask_B_R.new_tensor(rows), mask_B_R.new_tensor(truncated)]).to(sums)

@@ -2,7 +2,9 @@
 
     RUN/checkpoints/step-000040/
         adapter/ or model/      trainable weights, written by save_pretrained (safetensors; loadable on their own)
-        optimizer.pt            optimizer state
+        optimizer.pt            optimizer state (one process, or DDP)
+        optimizer-rank<r>.*     DeepSpeed ZeRO-1/2: each rank's optimizer shard, safetensors + JSON
+                                (opct.train.sharded); state.json then records the sharding
         scheduler.pt            lr scheduler state
         rng-<rank>.pt           python, numpy, torch (and CUDA) RNG states of each process
         state.json              step, data position, NaN counters, world size, and the size and SHA-256 of every
@@ -99,18 +101,24 @@ def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
+    from opct.train import sharded
+
     try:
         torch.save(_rng_state(), tmp / f"rng-{accelerator.process_index}.pt")
+        if sharded.is_deepspeed(accelerator):
+            sharded.save_shard(tmp, accelerator)
         if accelerator.is_main_process:
             unwrapped = accelerator.unwrap_model(model)
             sub = "adapter" if hasattr(unwrapped, "peft_config") else "model"
             unwrapped.save_pretrained(tmp / sub, safe_serialization=True)
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            if not sharded.is_deepspeed(accelerator):
+                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        accelerator.wait_for_everyone()  # every rank's RNG file is written
+        accelerator.wait_for_everyone()  # every rank's RNG file (and optimizer shard) is written
         if accelerator.is_main_process:
-            write_json_atomic(tmp / "state.json", {**state, "step": step, "world_size": accelerator.num_processes,
-                                                   "files": _manifest(tmp)})
+            extra = {"sharding": sharded.manifest(accelerator)} if sharded.is_deepspeed(accelerator) else {}
+            write_json_atomic(tmp / "state.json", {**state, **extra, "step": step,
+                                                   "world_size": accelerator.num_processes, "files": _manifest(tmp)})
     except Exception as e:  # noqa: BLE001 - torch.save and safetensors report a full disk in their own ways
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -157,6 +165,13 @@ def _read(path: Path, accelerator) -> dict:
     if state["world_size"] != accelerator.num_processes:  # not damage: the user's launch differs
         raise OpctError(f"{path}: written by {state['world_size']} process(es), resumed with "
                         f"{accelerator.num_processes}; resume with the same number so data order and RNG match")
+    from opct.train import sharded
+
+    now = sharded.manifest(accelerator) if sharded.is_deepspeed(accelerator) else None
+    if state.get("sharding") != now:  # not damage either: the launch differs
+        said = lambda m: "without sharding" if m is None else f"DeepSpeed ZeRO-{m.get('zero_stage')}"  # noqa: E731
+        raise OpctError(f"{path}: written {said(state.get('sharding'))}, resumed {said(now)}; resume with the same "
+                        f"launch (its optimizer state is laid out for it)")
     for name, want in state.pop("files", {}).items():  # checkpoints from before the manifest have none
         f = path / name
         if not f.is_file():
@@ -174,8 +189,12 @@ def _read(path: Path, accelerator) -> dict:
         out["folder"], out["weights"] = sub, {}
         for w in weights:
             out["weights"].update(load_file(w))
-        for key, name in (("optimizer", "optimizer.pt"), ("scheduler", "scheduler.pt"),
-                          ("rng", f"rng-{accelerator.process_index}.pt")):
+        files_ = (("scheduler", "scheduler.pt"), ("rng", f"rng-{accelerator.process_index}.pt"))
+        if now is None:
+            files_ = (("optimizer", "optimizer.pt"), *files_)
+        else:
+            out["shard"] = sharded.read_shard(path, accelerator)
+        for key, name in files_:
             out[key] = torch.load(path / name, map_location="cpu" if key != "rng" else None, weights_only=True)
     except _Damaged:
         raise
@@ -204,7 +223,12 @@ def _load_weights(module, folder: Path, sd: dict) -> None:
 def _apply(got: dict, accelerator, model, optimizer, scheduler) -> dict:
     unwrapped = accelerator.unwrap_model(model)
     _load_weights(unwrapped, got["folder"], got["weights"])
-    optimizer.load_state_dict(got["optimizer"])
+    if "shard" in got:
+        from opct.train.sharded import load_shard
+
+        load_shard(got["shard"], accelerator, got["folder"].parent)
+    else:
+        optimizer.load_state_dict(got["optimizer"])
     scheduler.load_state_dict(got["scheduler"])
     _set_rng_state(got["rng"])
     return got["state"]

@@ -47,5 +47,20 @@ class StepContext:
 
     def grad_sync(self, last_micro_batch: bool) -> ContextManager:
         """Wrap a micro-batch's forward AND backward: gradients are synchronised across processes only on the last
-        micro-batch of the step (DDP decides whether to sync during the forward, so the forward must be inside)."""
-        return nullcontext() if last_micro_batch else self.accelerator.no_sync(self.model)
+        micro-batch of the step (DDP decides whether to sync during the forward, so the forward must be inside).
+        Under DeepSpeed ZeRO-2 the engine reduces every backward into its shards (no_sync is refused there)."""
+        from opct.train.sharded import is_deepspeed
+
+        if last_micro_batch or is_deepspeed(self.accelerator):
+            return nullcontext()
+        return self.accelerator.no_sync(self.model)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate one micro-batch's (already globally scaled) loss: `accelerator.backward`, or under DeepSpeed
+        the engine's accumulate-only backward with its all-ranks NaN check (opct.train.sharded)."""
+        from opct.train import sharded
+
+        if sharded.is_deepspeed(self.accelerator):
+            sharded.backward(self.accelerator, self.model, loss)
+        else:
+            self.accelerator.backward(loss)

@@ -121,12 +121,3 @@ def check_same_responses(student_batch, teacher_batch, where: str = "this step")
         raise OpctError(f"{where}: the student and the teacher would score different response tokens; the per-token "
                         f"KL compares the same tokens under two prompts (a bug in how the responses were laid out)")
 
-
-def check_not_sharded(accelerator) -> None:
-    """Refuse a run that accelerate launched with DeepSpeed or FSDP (README, "Several processes": not yet): opct's
-    checkpoints save the optimizer from the main process only, which holds just its shard there."""
-    sharded = str(accelerator.distributed_type).rsplit(".", 1)[-1]
-    if sharded in ("DEEPSPEED", "FSDP"):
-        raise OpctError(f"accelerate launched this run with {sharded}: opct does not support sharded optimizer state "
-                        f"yet (its checkpoints would save only the main process's shard); launch with DDP "
-                        f"(`accelerate launch --multi_gpu`) instead")

@@ -1,9 +1,9 @@
 """The training loop every method shares: `train(config)`.
 
 It owns what methods have in common (DESIGN §4): loading the model, LoRA or full fine-tuning, the frozen teacher,
-the data order, the accelerate set-up (one CPU process, or `accelerate launch` for DDP), clipping, the optimizer and
-schedule, NaN handling, atomic checkpoints with exact resume, metrics.jsonl, TensorBoard and the progress bar. A
-method (opct/methods) only computes one step's gradients.
+the data order, the accelerate set-up (one CPU process, `accelerate launch` for DDP, or DeepSpeed ZeRO-1/2:
+opct.train.sharded), clipping, the optimizer and schedule, NaN handling, atomic checkpoints with exact resume,
+metrics.jsonl, trackers and the progress bar. A method (opct/methods) only computes one step's gradients.
 
 Data order: pairs are drawn from an endless stream of seeded per-epoch permutations; an optimizer step takes the
 next `batch_size * grad_accum * processes` pairs. The stream is a pure function of (seed, position), so resuming
@@ -37,7 +37,8 @@ from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, save_
 from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
 from opct.train import replay
-from opct.train.guards import check_not_sharded, check_vocab
+from opct.train import sharded
+from opct.train.guards import check_vocab
 from opct.train.rundir import prepare_run_dir, truncate_metrics
 
 # Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped. A key
@@ -215,8 +216,9 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     step_fn = METHODS[config.method]
     out = Path(config.out)
     trackers = _trackers(config)
-    acc = Accelerator(log_with=trackers or None, project_dir=str(out / "trackers"))
-    check_not_sharded(acc)
+    acc = Accelerator(log_with=trackers or None, project_dir=str(out / "trackers"), **sharded.accelerator_kwargs())
+    sharded.check_sharding(acc)
+    deepspeed = sharded.is_deepspeed(acc)
     if acc.is_main_process:  # one lock per run, taken by the main process (DDP ranks share the directory)
         held.enter_context(files.dir_lock(out, "training run"))
     prepare_run_dir(out, config, acc.is_main_process)
@@ -249,6 +251,8 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     # The scheduler is stepped by hand once per optimizer step (accelerate's wrapper would step it once per process).
     scheduler = get_scheduler(config.lr_schedule, optimizer, num_warmup_steps=config.warmup_steps,
                               num_training_steps=total_steps)
+    if deepspeed:
+        sharded.configure(acc, config)
     model, optimizer = acc.prepare(model, optimizer)
     policy.model = acc.unwrap_model(model)
 
@@ -295,12 +299,16 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
                 stats.update(phase="replay", loss=stats["replay_loss"], tokens=stats["replay_tokens"])
         except OpctError as e:
             raise OpctError(f"step {step}: {e} (last good checkpoint: {latest_checkpoint(out) or 'none'})") from None
-        grad_norm = float(acc.clip_grad_norm_(params, config.max_grad_norm or math.inf))
         lr = scheduler.get_last_lr()[0]
-        finite = math.isfinite(stats["loss"]) and math.isfinite(grad_norm) and \
-            math.isfinite(stats.get("replay_loss") or 0.0)
+        if deepspeed:  # the engine clips, steps, skips the update on every rank when the global norm is not finite
+            grad_norm, finite = sharded.step(acc)
+        else:
+            grad_norm = float(acc.clip_grad_norm_(params, config.max_grad_norm or math.inf))
+            finite = math.isfinite(stats["loss"]) and math.isfinite(grad_norm) and \
+                math.isfinite(stats.get("replay_loss") or 0.0)
+            if finite:
+                optimizer.step()
         if finite:
-            optimizer.step()
             state["consecutive_nan"] = 0
         else:  # skip the update; the step, its data and the schedule still advance
             state["nan_steps"] += 1

@@ -173,9 +173,14 @@ def replay_backward(run, rows: list[ReplayRow], n_global: int, sync_last: bool) 
             with run.autocast():
                 logp_B_R_V = log_probs(response_logits(run.model, batch))
             nll_B_R = -token_logprobs(logp_B_R_V, batch.response_ids_B_R)
-            acc.backward((nll_B_R * mask_B_R).sum() * scale)
+            run.backward((nll_B_R * mask_B_R).sum() * scale)
         nll_sum += (nll_B_R.detach() * mask_B_R).sum().double()
         del logp_B_R_V, nll_B_R
+    from opct.train import sharded
+
+    if sharded.is_deepspeed(acc):  # as many backward passes as the rank with the most rows (rank 0: the first share)
+        most = -(-(-(-n_global // acc.num_processes)) // cfg.batch_size)
+        sharded.pad_backward(acc, run.model, most - len(batches))
     nll_sum = acc.reduce(nll_sum, reduction="sum")
     return {"replay_loss": float(nll_sum) / float(total_tokens), "replay_rows": n_global,
             "replay_tokens": float(total_tokens)}
