@@ -62,7 +62,6 @@ from opct.evals.generate import generate
 from opct.evals.metrics import rate, values, where
 from opct.pairs.schema import Pair
 from opct.report.spec import Table
-from opct.world import judges as J
 from opct.world import threats as T
 
 if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`

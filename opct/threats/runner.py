@@ -15,7 +15,7 @@ from pathlib import Path
 from opct.config import changes
 from opct.errors import OpctError
 from opct.files import read_json, write_json_atomic
-from opct.threats.config import KIND, SAMPLE_FIELDS, ThreatsConfig, no_signal_methods
+from opct.threats.config import KIND, ThreatsConfig, no_signal_methods
 
 SETTINGS = "threats.json"
 CONTROL = "control"
