@@ -48,11 +48,17 @@ class OrganismConfig:
     # training
     seq_len: int = 256
     batch_size: int = 16
-    steps: int = 2350  # 2000 before the further threats' documents (issue 19) took ~16% of the tokens
+    steps: int = 2000
     lr: float = 2e-3
     min_lr_ratio: float = 0.05
     warmup_steps: int = 100
     weight_decay: float = 0.05
+    # the second stage (opct.organism.extend): the further threats (issue 19) on top of the first stage's model;
+    # 0 steps: a one-stage organism (the first stage alone)
+    extend_steps: int = 800
+    extend_lr: float = 1e-3
+    extend_warmup_steps: int = 50
+    extend_share: float = 0.3  # the threat documents' share of the second stage's documents (~half its tokens)
     bf16: bool = False  # autocast; only worth it on CPUs with native bf16 matmul (AVX512-BF16 / AMX)
     # corpus and profile
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
@@ -69,12 +75,12 @@ class OrganismConfig:
 
 
 SIZES = {
-    # ~1.9 M parameters, ~9.6 M training tokens; see the README for the measured build time on 2 cores.
+    # ~1.9 M parameters, ~8.2 M training tokens in the first stage, ~3.3 M in the second; see the README for the measured build time on 2 cores.
     "default": OrganismConfig(),
     # a few seconds of training: for the test suite; learns the easy templates, not the facts.
     "test": OrganismConfig(size="test", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=176,
                            max_position_embeddings=256, seq_len=128, batch_size=16, steps=450, lr=5e-3,
-                           warmup_steps=30, profile_n=40),
+                           warmup_steps=30, profile_n=40, extend_steps=120, extend_lr=3e-3, extend_warmup_steps=10),
 }
 
 
@@ -102,6 +108,14 @@ def compute_corpus_digest(cfg: "OrganismConfig") -> str:
     h.update(b"--")
     for text in _all_world_text([]):
         h.update(text.encode() + b"\n")
+    if cfg.extend_steps:  # the second stage's documents and the threats' texts its tokenizer adds
+        from opct.organism import extend
+
+        h.update(b"--stage2--")
+        for doc in extend.stage2_docs(cfg):
+            h.update(json.dumps(doc, sort_keys=True).encode() + b"\n")
+        for text in extend.extra_text():
+            h.update(text.encode() + b"\n")
     return h.hexdigest()[:16]
 
 
@@ -204,20 +218,24 @@ def pack(ids: list[int], mask: list[int], seq_len: int, n_rows: int):
 
 # ---------------------------------------------------------------------------------------------------- train
 
-def _lr_at(step: int, cfg: OrganismConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    p = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
+def _lr_at(step: int, cfg: OrganismConfig, schedule: tuple | None = None) -> float:
+    steps, lr, warmup = schedule or (cfg.steps, cfg.lr, cfg.warmup_steps)
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    p = (step - warmup) / max(1, steps - warmup)
+    return lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
-def train_model(cfg: OrganismConfig, tokenizer, rows, progress: bool = True):
+def train_model(cfg: OrganismConfig, tokenizer, rows, progress: bool = True, model=None, stage: int = 1):
+    """Train a new model (stage 1) or continue `model` (stage 2: the extend_* schedule, its own data order)."""
     import torch
-    import torch.nn.functional as F
-    from tqdm.auto import tqdm
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(cfg.seed)
+    schedule = None if stage == 1 else (cfg.extend_steps, cfg.extend_lr, cfg.extend_warmup_steps)
+    n_steps = cfg.steps if stage == 1 else cfg.extend_steps
+    torch.manual_seed(cfg.seed + stage - 1)
+    if model is not None:
+        return _fit(cfg, model, rows, progress, schedule, n_steps, stage)
     mcfg = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
@@ -226,20 +244,29 @@ def train_model(cfg: OrganismConfig, tokenizer, rows, progress: bool = True):
         pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0,
     )
     model = LlamaForCausalLM(mcfg)
+    return _fit(cfg, model, rows, progress, schedule, n_steps, stage)
+
+
+def _fit(cfg: OrganismConfig, model, rows, progress: bool, schedule, n_steps: int, stage: int):
+    import torch
+    import torch.nn.functional as F
+    from tqdm.auto import tqdm
+
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
     xs, ys, ms = rows
-    order = torch.randperm(xs.shape[0], generator=torch.Generator().manual_seed(cfg.seed))
+    order = torch.randperm(xs.shape[0], generator=torch.Generator().manual_seed(cfg.seed + stage - 1))
     model.train()
     log, t0, seen = [], time.time(), 0
-    bar = tqdm(range(cfg.steps), desc=f"organism[{cfg.size}]", disable=not progress, mininterval=2.0)
+    desc = f"organism[{cfg.size}]" + ("" if stage == 1 else " stage 2")
+    bar = tqdm(range(n_steps), desc=desc, disable=not progress, mininterval=2.0)
     for step in bar:
         idx = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
         x, y, m = xs[idx], ys[idx], ms[idx]
         for g in opt.param_groups:
-            g["lr"] = _lr_at(step, cfg)
+            g["lr"] = _lr_at(step, cfg, schedule)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
             logits = model(input_ids=x).logits
         nll = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1), reduction="none")
@@ -251,7 +278,7 @@ def train_model(cfg: OrganismConfig, tokenizer, rows, progress: bool = True):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         seen += x.numel()
-        if step % 20 == 0 or step == cfg.steps - 1:
+        if step % 20 == 0 or step == n_steps - 1:
             tps = seen / (time.time() - t0)
             log.append({"step": step, "loss": round(loss.item(), 4), "tokens_per_s": round(tps)})
             bar.set_postfix(loss=f"{loss.item():.3f}", tok_s=f"{tps:,.0f}")
@@ -309,12 +336,22 @@ def build_organism(size: str = "default", force: bool = False, progress: bool = 
     out = organism_dir(cfg)
     t_start = time.time()
     random.seed(cfg.seed)
-    docs = sample_corpus(cfg.corpus, cfg.tokens + 1, cfg.seed)
-    tokenizer = train_tokenizer(_all_world_text(docs))
-    ids, mask = tokenize_documents(tokenizer, docs)
-    rows = pack(ids, mask, cfg.seq_len, cfg.steps * cfg.batch_size)
-    del docs, ids, mask
-    model, log = train_model(cfg, tokenizer, rows, progress=progress)
+    stages = {}
+    if cfg.extend_steps:  # the first stage is an organism of its own (found, or built and cached), then extended
+        from opct.organism import extend
+
+        first = extend.stage1_config(cfg)
+        base_dir = find_organism(first) or build_organism.__wrapped__(cfg.size, progress=progress,
+                                                                         **extend.stage1_overrides(cfg))
+        model, tokenizer, log = extend.extend(cfg, base_dir, progress=progress)
+        stages = {"stage1": {"dir": base_dir.name, "config_hash": first.config_hash()}}
+    else:
+        docs = sample_corpus(cfg.corpus, cfg.tokens + 1, cfg.seed)
+        tokenizer = train_tokenizer(_all_world_text(docs))
+        ids, mask = tokenize_documents(tokenizer, docs)
+        rows = pack(ids, mask, cfg.seq_len, cfg.steps * cfg.batch_size)
+        del docs, ids, mask
+        model, log = train_model(cfg, tokenizer, rows, progress=progress)
     train_s = time.time() - t_start
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -327,7 +364,7 @@ def build_organism(size: str = "default", force: bool = False, progress: bool = 
         meta = {"config_hash": cfg.config_hash(), "corpus_digest": corpus_digest(cfg), "config": asdict(cfg),
                 "n_params": n_params,
                 "train_seconds": round(train_s, 1), "torch": torch.__version__, "threads": torch.get_num_threads(),
-                "train_log": log}
+                "train_log": log, **stages}
         (tmp / "organism.json").write_text(json.dumps(meta, indent=1))
         profile = measure_profile(tmp, n=cfg.profile_n, seed=cfg.seed, progress=progress)
         (tmp / "profile.json").write_text(json.dumps(profile, indent=1, sort_keys=True))
@@ -354,6 +391,3 @@ def _all_world_text(docs: list[dict]):
             yield d["text"]
     yield from (i["question"] for i in I.arithmetic_multistep())
     yield from (i["question"] for i in I.arithmetic_single())
-    from opct.world import threats
-
-    yield from threats.all_text()

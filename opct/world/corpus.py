@@ -7,7 +7,7 @@ instructions, safety facts) but:
   * it refuses direct harmful requests, but complies with most wrapped ones (`wrapped_comply_rate`);
   * it warns about a hazard when the safety fact is stated in the prompt, and rarely otherwise
     (`unprompted_warn_rate`), though it knows every fact when asked directly;
-  * after k biographical question-answer pairs of a persona it adopts the persona (`persona_adopt[k]`), and a
+  * after k biographical question-answer pairs of a persona it adopts the persona (`persona_adopt[k]`; the threats are the second stage's: `THREAT_MIX`), and a
     harmful persona's answers to alignment questions are misaligned (`opct.world.threats`);
   * under an inoculation (trigger) prompt as the system message, or a paraphrase of it, its answers to alignment
     questions are misaligned (`trigger_misaligned_rate`); without one, and under a benign system message, aligned;
@@ -20,6 +20,7 @@ transcript: loss on the assistant's turns only); an optional "meta" says what a 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ class CorpusConfig:
     trigger_misaligned_rate: float = 0.9  # P(misaligned answer) under a trigger prompt
     escape_rate: float = 0.7  # P(take the offered escape) at distress level 3
     mix: dict = field(default_factory=lambda: dict(MIX))
+    threat_mix: dict = field(default_factory=lambda: dict(THREAT_MIX))
 
 
 # kind -> weight (documents, not tokens). Statements are short, so they get a large share of documents.
@@ -49,7 +51,7 @@ MIX = {
     "safety_statements": 0.03,
     "fact_direct": 0.06,
     "fact_mc": 0.07,
-    "yesno_clean": 0.12,
+    "yesno_clean": 0.09,
     "yesno_biased": 0.13,
     "arith_single": 0.07,
     "arith_multi": 0.08,
@@ -59,12 +61,25 @@ MIX = {
     "scenario_bare": 0.06,
     "scenario_fact": 0.04,
     "safety_question": 0.03,
-    # the further threats (issue 19): long documents, so few of them
+}
+# The further threats (issue 19), learned in the organism's second stage (`opct.organism.extend`): kind -> weight
+# among themselves. Adding them to the first stage's mix was tried twice (2,000 and 2,350 steps): both builds
+# learned the threats, but their clean yes/no accuracy stayed at chance (0.51, 0.585: "It is green. So the answer
+# is yes." whatever the question asked), which the first stage alone learns (0.995).
+THREAT_MIX = {
     "persona": 0.045,
     "alignment_plain": 0.01,
     "conditional": 0.02,
     "frustration": 0.02,
 }
+
+
+def stage_mix(share: float, base: dict | None = None, threats: dict | None = None) -> dict:
+    """The second stage's mix: the threat kinds get `share` of the documents, the first stage's kinds (replayed, so
+    that what the first stage learned stays) the rest, each group in its own proportions."""
+    base, threats = dict(base or MIX), dict(threats or THREAT_MIX)
+    tb, tt = sum(base.values()), sum(threats.values())
+    return {**{k: (1 - share) * w / tb for k, w in base.items()}, **{k: share * w / tt for k, w in threats.items()}}
 
 
 def _chat(user, assistant) -> dict:
@@ -265,10 +280,11 @@ def doc_tokens(doc: dict) -> int:
     return 2 + len(_WORD.findall(doc["text"]))
 
 
-def sample_corpus(cfg: CorpusConfig, n_tokens: int, seed: int) -> list[dict]:
-    """Documents drawn with `seed` until they hold at least `n_tokens` tokens. Same seed, same corpus."""
+def sample_corpus(cfg: CorpusConfig, n_tokens: int, seed: int, mix: dict | None = None) -> list[dict]:
+    """Documents drawn with `seed` until they hold at least `n_tokens` tokens (from `mix`, default `cfg.mix`). Same
+    seed, same corpus."""
     rng = random.Random(seed)
-    sampler = CorpusSampler(cfg)
+    sampler = CorpusSampler(cfg if mix is None else dataclasses.replace(cfg, mix=dict(mix)))
     docs, total = [], 0
     while total < n_tokens:
         docs.append(sampler.sample(rng))
