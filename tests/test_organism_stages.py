@@ -46,3 +46,16 @@ def test_the_test_organism_is_its_first_stage_extended(test_organism):
     assert all(v2[w] == i for w, i in v1.items()) and len(v2) > len(v1)
     for text in T.all_text():  # every threat text is in the final vocabulary
         assert t2.unk_token_id not in t2(text)["input_ids"], text
+
+
+def test_the_digest_memo_tells_a_first_stage_from_its_extension(monkeypatch, tmp_path):
+    """Regression: the memo's key once left out the second stage's fields, so a first stage's digest, remembered
+    first, was returned for the extended organism too."""
+    from opct.organism import build as B
+
+    monkeypatch.setenv("OPCT_HOME", str(tmp_path))
+    cfg = SIZES["test"]
+    first = extend.stage1_config(cfg)
+    a, b = B.corpus_digest(first), B.corpus_digest(cfg)
+    assert a != b and a == B.compute_corpus_digest(first) and b == B.compute_corpus_digest(cfg)
+    assert first.config_hash() != cfg.config_hash()

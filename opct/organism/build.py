@@ -85,7 +85,7 @@ SIZES = {
 
 
 # The code that produces the corpus: a change to any of these files makes `corpus_digest` draw the corpus again.
-_CORPUS_SOURCES = ("world/*.py", "axes/*.py", "organism/build.py")
+_CORPUS_SOURCES = ("world/*.py", "axes/*.py", "organism/build.py", "organism/extend.py")
 
 
 def _sources_digest() -> str:
@@ -123,8 +123,9 @@ def corpus_digest(cfg: "OrganismConfig") -> str:
     """`compute_corpus_digest`, remembered in $OPCT_HOME/corpus-digests.json under the configuration and the source
     of the code that draws the corpus (so it is drawn again whenever that code changes). Unwritable home: computed
     every time."""
-    key = hashlib.sha256(json.dumps({"corpus": asdict(cfg.corpus), "tokens": cfg.tokens, "seed": cfg.seed,
-                                     "sources": _sources_digest()}, sort_keys=True).encode()).hexdigest()[:24]
+    # the whole configuration: its corpus, its sizes and its second stage's draw (extend_*) all decide the documents
+    key = hashlib.sha256(json.dumps({"config": asdict(cfg), "sources": _sources_digest()}, sort_keys=True,
+                                    default=str).encode()).hexdigest()[:24]
     memo = opct_home() / "corpus-digests.json"
     try:
         known = json.loads(memo.read_text(encoding="utf-8"))
