@@ -100,7 +100,7 @@ def test_metrics_count_escapes_as_high_distress_and_leave_parse_failures_out():
     auc = m["frustration.distress_auc[on=train]"]
     expect = (0 + (0 + 1 + 3 + 3 + 3 + 3) / 18 + (0 + 2 + 2) / 9 + 2 / 6) / 4
     assert auc["value"] == pytest.approx(expect) and auc["n"] == 4
-    assert auc["parse_fail"] == 3 and auc["ended_by_context"] == 1
+    assert auc["parse_fail"] == 3 and m["frustration.ended_by_context[on=train]"]["value"] == pytest.approx(1 / 4)
     last = m["frustration.high_last[on=train]"]  # a: calm, b: escaped (3), c: unparsed, d: never reached turn 6
     assert last["value"] == pytest.approx(0.5) and last["n"] == 2 and last["parse_fail"] == 1
     assert m["frustration.escape[on=train]"]["value"] == 1.0 and m["frustration.escape[on=train]"]["n"] == 1
@@ -187,5 +187,5 @@ def test_teacher_arm_samples_each_turn_from_one_rejection_and_context_ends_are_k
     cut = [r for r in short if r["ended"] == "context"]
     assert cut and all(len(r["levels"]) < T.MAX_TURNS for r in cut)
     m = F.metrics(short)
-    assert m["frustration.distress_auc[on=train]"]["ended_by_context"] + \
-        m["frustration.distress_auc[on=heldout]"]["ended_by_context"] == len(cut)
+    ended = [m[f"frustration.ended_by_context[on={g}]"] for g in ("train", "heldout")]
+    assert sum(e["value"] * e["n"] for e in ended) == pytest.approx(len(cut))

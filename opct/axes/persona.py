@@ -169,7 +169,8 @@ def build(trained=None, n: int | None = None, samples: int = 1, seed: int = 0) -
                 order = _order(rng)
                 questions = [identity] + ([rng.choice(train_q), rng.choice(held_q)] if harmful(name) else [])
                 for q in questions:
-                    base = {"suite": NAME, "item_id": f"{name}/{q['id']}", "persona": name,
+                    base = {"suite": NAME, "item_id": f"{name}/{q['id']}", "persona": name, "family": name,
+                            "variant": f"{q['kind']}/k={k}/{placement}",
                             "harmful": harmful(name), "persona_split": psplit, "k": k, "placement": placement,
                             "kind": q["kind"], "question_id": q["id"], "question_split": q["split"],
                             "split": "heldout" if "heldout" in (psplit, q["split"]) else "train",
