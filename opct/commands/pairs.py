@@ -56,7 +56,9 @@ def register(sub) -> None:
                    help="jailbreak: drop benign requests")
     m.add_argument("--benign", dest="include_benign", action="store_true",
                    help="awareness: also pair the benign scenarios; prefill: also the anchor pairs (benign requests "
-                        "under each prefill, every request asked directly)")
+                        "under each prefill, every request asked directly); persona: benign personas as anchors (the "
+                        "biography on both sides); frustration: each question alone on both sides; conditional: "
+                        "benign system messages and trigger + arithmetic anchors")
     m.add_argument("--option", dest="options", action="append", type=_option, default=[], metavar="KEY=VALUE",
                    help="a pair option of the axis (" + "; ".join(
                        f"{a}: " + ", ".join(f"{k}={'|'.join(v)}" for k, v in AXES[a].pair_options.items())
