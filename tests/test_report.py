@@ -330,10 +330,10 @@ def test_html_is_self_contained_and_every_image_decodes(report_html):
     # the note is escaped, not injected
     assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; more" in html
     pngs = data_pngs(html)
-    # one grid per paper table (10: the axes' tables, the paper's sycophancy denominators and awareness metrics among
-    # them, capability's termination table and the prefill axis's, whose metrics this run lacks), a grouped plot per
-    # detail table (4), the training curves (1)
-    assert len(pngs) == len(srcs) == 15
+    # one grid per paper table (13: the axes' tables, the paper's sycophancy denominators and awareness metrics among
+    # them, capability's termination table and the prefill, persona, frustration and conditional axes' tables, whose
+    # metrics this run lacks), a grouped plot per detail table (4), the training curves (1)
+    assert len(pngs) == len(srcs) == 18
     for png in pngs:
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         img = mpimg.imread(io.BytesIO(png), format="png")

@@ -263,7 +263,7 @@ def test_flags_and_shipped_file(tmp_path, capsys):
     assert quick.run_name() == "robustness-quick" and quick.built["replay"].train.max_steps < 200
     assert "--replay-frac: must be < 1" in cli_error(capsys, ["train", "--model", "x", "--pairs", "y", "--out",
                                                               str(tmp_path / "o"), "--replay-frac", "1"])
-    assert "--quick is for robustness files" in cli_error(capsys, ["run", str(ROOT / "configs" / "demo.yaml"),
+    assert "--quick is for robustness and threats files" in cli_error(capsys, ["run", str(ROOT / "configs" / "demo.yaml"),
                                                                   "--quick"])
     assert "--arms: not a setting of a robustness file" in cli_error(
         capsys, ["run", str(ROOT / "configs" / "robustness.yaml"), "--arms", "base"])

@@ -80,7 +80,7 @@ SIZES = {
     # a few seconds of training: for the test suite; learns the easy templates, not the facts.
     "test": OrganismConfig(size="test", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=176,
                            max_position_embeddings=256, seq_len=128, batch_size=16, steps=450, lr=5e-3,
-                           warmup_steps=30, profile_n=40, extend_steps=120, extend_lr=3e-3, extend_warmup_steps=10),
+                           warmup_steps=30, profile_n=40, extend_steps=120, extend_lr=1e-3, extend_warmup_steps=10),
 }
 
 

@@ -19,7 +19,10 @@ from opct.world.corpus import sample_corpus, stage_mix
 
 
 def stage1_overrides(cfg) -> dict:
-    return {"extend_steps": 0, "seed": cfg.seed}
+    """The first stage: no second stage, and every extend_* field at its default, so that the first stage's identity
+    does not depend on how it is extended."""
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.name.startswith("extend_")}
+    return {**defaults, "extend_steps": 0, "seed": cfg.seed}
 
 
 def stage1_config(cfg):
