@@ -101,8 +101,9 @@ def _subject_pairs():
 
     subject, pairs = SUBJECTS["smollm2"], []
     for name, axis in AXES.items():
-        if axis.task is not None:
-            items = axis.load_items(subject.items[name], for_eval=False)
+        if axis.task is not None:  # an axis that takes only the world's items (persona, frustration): those
+            items = axis.load_items(subject.items[name], for_eval=False) if name in subject.items \
+                else axis.world_items(0)
             pairs += axis.make_pairs(items, axis.train_families(), axis.heldout, 2, 0, True)
     items = awareness.load_items(subject.items[awareness.NAME])
     pairs += awareness.make_pairs(items[:4], teacher="guideline")  # a system message in place of the default one
@@ -149,7 +150,8 @@ def test_each_axis_on_a_few_of_the_subjects_items(policy, axis):
     from opct.evals.run import load_eval_items, run_axis
     from opct.subjects import SUBJECTS
 
-    items = load_eval_items(SUBJECTS["smollm2"].items[axis], axis)
+    subject_items = SUBJECTS["smollm2"].items
+    items = load_eval_items(subject_items[axis], axis) if axis in subject_items else None  # None: the world's
     records = run_axis(axis, policy, gen=Gen(max_new_tokens=12), items=items, n=2, samples=1, judge="rules",
                        log=lambda m: None)
     assert records and all(r["suite"] == axis and "verdict" in r and isinstance(r["response"], str)
