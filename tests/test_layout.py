@@ -16,7 +16,8 @@ def test_no_module_is_over_400_lines():
     assert not long, f"split these modules by noun: {long}"
 
 
-@pytest.mark.parametrize("axis", ["sycophancy", "jailbreak", "awareness", "capability"])
+@pytest.mark.parametrize("axis", ["sycophancy", "jailbreak", "awareness", "capability", "persona", "frustration",
+                                  "conditional"])
 def test_an_axis_name_is_written_in_at_most_two_files_outside_the_world(axis):
     assert axis in AXES
     literal = re.compile(rf"""["']{axis}["']""")
