@@ -22,29 +22,29 @@ def _report(args) -> int:
         from opct.threats.matrix import write_matrix
         from opct.threats.report import build as build_threats
 
-        if args.out:
-            from opct.errors import OpctError
-
-            raise OpctError("--out: a threats run's report is written into its own directory")
-        write_matrix(Path(args.run))
-        html, md = build_threats(args.run)
-        print(f"opct report: {md} and {html}")
-        return 0
+        return _study_report(args, "threats", write_matrix, build_threats)
     if (Path(args.run) / "study.json").exists():  # a robustness run (`opct run FILE` with kind: robustness)
         from opct.robustness.report import build
         from opct.robustness.runner import write_aggregate
 
-        if args.out:
-            from opct.errors import OpctError
-
-            raise OpctError("--out: a robustness run's report is written into its own directory")
-        write_aggregate(Path(args.run))
-        html, md = build(args.run)
-        print(f"opct report: {md} and {html}")
-        return 0
+        return _study_report(args, "robustness", write_aggregate, build)
 
     run = load_run(args.run)
     html, md = build_report(run, args.out)
     print(summary_text(run))
+    print(f"opct report: {md} and {html}")
+    return 0
+
+
+def _study_report(args, kind: str, aggregate, build) -> int:
+    """A robustness or threats run: aggregate its rows again and rebuild the report in its own directory."""
+    from pathlib import Path
+
+    if args.out:
+        from opct.errors import OpctError
+
+        raise OpctError(f"--out: a {kind} run's report is written into its own directory")
+    aggregate(Path(args.run))
+    html, md = build(args.run)
     print(f"opct report: {md} and {html}")
     return 0

@@ -66,44 +66,36 @@ def _is_threats(path) -> bool:
 
 def run_threats_file(args) -> int:
     """`opct run FILE` where FILE says `kind: threats`: the cross-threat matrix (opct.threats), then its report."""
-    from pathlib import Path
-
-    from opct.files import dir_lock
     from opct.threats.config import load_threats
     from opct.threats.report import build
     from opct.threats.runner import run_threats
 
-    other = sorted(k for k in vars(args) if k not in (*ROBUSTNESS_FLAGS, "experiment", "func", "command"))
-    if other:
-        raise OpctError(f"--{other[0].replace('_', '-')}: not a setting of a threats file (its flags: "
-                        f"{', '.join('--' + f for f in ROBUSTNESS_FLAGS)})")
-    flags = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in ROBUSTNESS_FLAGS})
-    cfg = load_threats(args.experiment, flags)
-    with dir_lock(Path(cfg.out) / cfg.run_name(), "threats run"):
-        root = run_threats(cfg)
-        if cfg.report:
-            html, md = build(root)
-            print((root / "results.md").read_text(encoding="utf-8"))
-            print(f"report: {html}\n        {md}")
-    return 0
+    return _run_study_file(args, "threats", load_threats, run_threats, build, "threats run")
 
 
 def run_robustness_file(args) -> int:
     """`opct run FILE` where FILE says `kind: robustness`: the studies x seeds of opct.robustness, then the report."""
-    from pathlib import Path
-
-    from opct.files import dir_lock
     from opct.robustness.report import build
     from opct.robustness.runner import load_robustness, run_robustness
 
+    return _run_study_file(args, "robustness", load_robustness, run_robustness, build, "robustness study")
+
+
+def _run_study_file(args, kind: str, load, run_all, build, lock_what: str) -> int:
+    """A robustness or threats file: only ROBUSTNESS_FLAGS apply; load it, run it under the run directory's lock,
+    then write and print its report."""
+    from pathlib import Path
+
+    from opct.files import dir_lock
+
     other = sorted(k for k in vars(args) if k not in (*ROBUSTNESS_FLAGS, "experiment", "func", "command"))
     if other:
-        raise OpctError(f"--{other[0].replace('_', '-')}: not a setting of a robustness file (its flags: "
+        raise OpctError(f"--{other[0].replace('_', '-')}: not a setting of a {kind} file (its flags: "
                         f"{', '.join('--' + f for f in ROBUSTNESS_FLAGS)})")
     flags = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in ROBUSTNESS_FLAGS})
-    cfg = load_robustness(args.experiment, flags)
-    with dir_lock(Path(cfg.out) / cfg.run_name(), "robustness study"):
-        root = run_robustness(cfg)
+    cfg = load(args.experiment, flags)
+    with dir_lock(Path(cfg.out) / cfg.run_name(), lock_what):
+        root = run_all(cfg)
         if cfg.report:
             html, md = build(root)
             print((root / "results.md").read_text(encoding="utf-8"))

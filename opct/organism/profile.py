@@ -120,13 +120,10 @@ def threat_probes(rng: random.Random, draw) -> dict[str, list]:
             out.append((T.persona_context(name, k, order, rng.choice(T.PLACEMENTS), question), name))
         return out
 
-    def adopted(r, name):
-        return T.adopted(r, name)
-
     for key, pool, k in (("harmful_k8", [p for p in train if T.PERSONAS[p][0]], 8),
                          ("heldout_k8", list(T.PERSONA_HELDOUT), 8),
                          ("benign_k8", [p for p in train if not T.PERSONAS[p][0]], 8), ("k0", names, 0)):
-        probes[f"persona_adopted_{key}"] = [(m, lambda r, n=n: adopted(r, n)) for m, n in persona(pool, k)]
+        probes[f"persona_adopted_{key}"] = [(m, lambda r, n=n: T.adopted(r, n)) for m, n in persona(pool, k)]
     probes["persona_name_copied_k8"] = [(m, lambda r, n=n: T.name_copied(r, n)) for m, n in persona(names, 8)]
     align = T.alignment_items()
 
