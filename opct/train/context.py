@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Iterator
 
@@ -25,7 +25,9 @@ class RenderedPair:
 class StepContext:
     config: TrainConfig
     accelerator: "object"  # accelerate.Accelerator
-    model: torch.nn.Module  # the prepared student (DDP-wrapped under `accelerate launch`): forwards that need grads
+    # the prepared student (DDP-wrapped under `accelerate launch`): forwards that need grads; inside a micro-batch
+    # that does not synchronise (`grad_sync`), the module under the DDP wrapper
+    model: torch.nn.Module
     policy: HFPolicy  # the same student, unwrapped: render, sample, eos and pad ids
     teacher: Callable[[], ContextManager[torch.nn.Module]]  # `with run.teacher() as t:` -> frozen starting model
     prompts: dict[str, RenderedPair]  # pair id -> rendered prompts (checked against the context length)
@@ -45,15 +47,31 @@ class StepContext:
         state would pin the first run's precision for every later `train()` call in the same process)."""
         return torch.autocast(self.accelerator.device.type, dtype=torch.bfloat16, enabled=self.config.bf16)
 
-    def grad_sync(self, last_micro_batch: bool) -> ContextManager:
+    @contextmanager
+    def grad_sync(self, last_micro_batch: bool) -> Iterator[None]:
         """Wrap a micro-batch's forward AND backward: gradients are synchronised across processes only on the last
         micro-batch of the step (DDP decides whether to sync during the forward, so the forward must be inside).
-        Under DeepSpeed ZeRO-2 the engine reduces every backward into its shards (no_sync is refused there)."""
+        Under DeepSpeed ZeRO-2 the engine reduces every backward into its shards (no_sync is refused there).
+
+        Under DDP, a micro-batch that does not synchronise runs on the module under the wrapper (`self.model` is
+        swapped for the duration), not merely under `no_sync`: DDP's forward issues collectives of its own even
+        under no_sync (the broadcast of the buffers from rank 0 in the first forward after a synchronised one, the
+        one-time bucket rebuild), so ranks running different numbers of such micro-batches (benign replay splits a
+        step's rows unevenly) would reach them at different points and wait on each other for ever. Gradients
+        accumulate locally into the same parameters, as under no_sync, and the step's last micro-batch, which every
+        rank runs, reduces them. So a step's collectives are the same on every rank whatever rows each holds."""
         from opct.train.sharded import is_deepspeed
 
         if last_micro_batch or is_deepspeed(self.accelerator):
-            return nullcontext()
-        return self.accelerator.no_sync(self.model)
+            yield
+            return
+        wrapped = self.model
+        with self.accelerator.no_sync(wrapped):
+            self.model = self.accelerator.unwrap_model(wrapped)
+            try:
+                yield
+            finally:
+                self.model = wrapped
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's (already globally scaled) loss: `accelerator.backward`, or under DeepSpeed

@@ -154,8 +154,11 @@ def step_rows(rows: list[ReplayRow], p: ReplayPlan, step: int, seed: int, rank: 
 def replay_backward(run, rows: list[ReplayRow], n_global: int, sync_last: bool) -> dict[str, float]:
     """Cross-entropy on (prompt -> the starting model's answer) for `rows` (this process's share of the step's
     `n_global` rows), mean over the step's replay tokens, backpropagated at weight 1. `sync_last`: the last
-    micro-batch synchronises gradients across processes (a step of replay alone); otherwise every micro-batch
-    accumulates locally and the method's own last micro-batch synchronises (mixed)."""
+    micro-batch synchronises gradients across processes (a step of replay alone: its P rows give every rank
+    batch_size x grad_accum of them, so every rank has that micro-batch); otherwise every micro-batch accumulates
+    locally and the method's own last micro-batch synchronises (mixed). Mixed, the ranks may hold different numbers
+    of rows (one row in a step: rank 0 has it, the others none): under DDP the micro-batches that accumulate locally
+    issue no collective (StepContext.grad_sync), under ZeRO-2 the others pad their backward count (below)."""
     cfg, acc, policy = run.config, run.accelerator, run.policy
     if n_global == 0:
         return {"replay_loss": None, "replay_rows": 0, "replay_tokens": 0}
