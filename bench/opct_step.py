@@ -162,7 +162,8 @@ def worker_opct(a) -> dict:
     train(TrainConfig(model=a.model, pairs=a.pairs_file, out=str(out), split="all", estimator="full",
                       batch_size=a.pairs, n_samples=a.samples, max_new_tokens=a.response_len,
                       min_new_tokens=a.response_len, max_steps=a.warmup + a.steps + 1, save_every=10 ** 9,
-                      lora_r=a.lora_r, lora_alpha=2.0 * a.lora_r, lr=1e-4, tensorboard=False))
+                      lora_r=a.lora_r, lora_alpha=2.0 * a.lora_r, lr=1e-4, tensorboard=False,
+                      cpu_matmul=a.cpu_matmul))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][a.warmup:-1]
     wall, cpu = clock.steps(a.warmup)
     # one micro-batch per step: entry i of each part belongs to step i
@@ -215,7 +216,7 @@ def run_worker(name: str, a, extra_env=None) -> tuple[dict | None, str]:
     cmd = [sys.executable, __file__, "--worker", name, "--model", str(a.model), "--pairs-file", str(a.pairs_file),
            "--tmp", str(a.tmp), "--steps", str(a.steps), "--warmup", str(a.warmup), "--pairs", str(a.pairs),
            "--samples", str(a.samples), "--response-len", str(a.response_len), "--lora-r", str(a.lora_r),
-           "--round", str(a.round), "--threads", str(a.threads or 0)]
+           "--round", str(a.round), "--threads", str(a.threads or 0), "--cpu-matmul", a.cpu_matmul]
     out = Path(a.tmp) / f"{name}-{a.round}.json"
     done = subprocess.run(cmd + ["--result", str(out)], capture_output=True, text=True)
     if done.returncode != 0 or not out.exists():
@@ -249,6 +250,8 @@ def main(argv=None):
     p.add_argument("--fact-words", type=int, default=24)
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--threads", type=int, default=0, help="intra-op threads for both trainers (default: torch's)")
+    p.add_argument("--cpu-matmul", default="onednn", choices=["onednn", "blas"],
+                   help="opct's TrainConfig.cpu_matmul (TRL always runs on torch's default, the BLAS)")
     p.add_argument("--worker", choices=["opct", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--pairs-file", help=argparse.SUPPRESS)
     p.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -278,10 +281,12 @@ def main(argv=None):
         del pol
         print(f"model {a.model} ({n_linear / 1e6:.2f}M linear params); {torch.get_num_threads()} threads; "
               f"{a.pairs} pairs x {a.samples} samples x {a.response_len} response tokens per step; "
-              f"prompt {s_len} tokens (teacher {t_len}); LoRA r={a.lora_r}")
+              f"prompt {s_len} tokens (teacher {t_len}); LoRA r={a.lora_r}; opct cpu_matmul {a.cpu_matmul}")
         peak = matmul_peak()
         results: dict[str, dict] = {}
+        round_ratios: list[float] = []
         for a.round in range(a.rounds):
+            this_round: dict[str, dict] = {}
             for name in ("opct", "trl"):
                 if name in results and results[name] is None:
                     continue
@@ -299,8 +304,15 @@ def main(argv=None):
                     acc[k] += r[k]
                 acc["peak_rss_mb"].append(r["peak_rss_mb"])
                 acc["base_rss_mb"].append(r["base_rss_mb"])
-                print(f"  round {a.round + 1} {name:<5} s/step " + " ".join(f"{x:.3f}" for x in r["step_s"])
-                      + "  cpu s/step " + " ".join(f"{x:.3f}" for x in r["step_cpu_s"]), flush=True)
+                this_round[name] = r
+                line = (f"  round {a.round + 1} {name:<5} s/step " + " ".join(f"{x:.3f}" for x in r["step_s"])
+                        + "  cpu s/step " + " ".join(f"{x:.3f}" for x in r["step_cpu_s"]))
+                if name == "trl" and "opct" in this_round:  # this round's own ratio, on its median wall steps
+                    ratio = (statistics.median(this_round["opct"]["tokens"]) / statistics.median(r["tokens"])
+                             * statistics.median(r["step_s"]) / statistics.median(this_round["opct"]["step_s"]))
+                    round_ratios.append(ratio)
+                    line += f"  | round ratio {ratio:.2f}x"
+                print(line, flush=True)
 
     def summary(r):
         """(tokens/s on the median wall step, median wall s/step, tokens/s on the median CPU step, median CPU s)"""
@@ -321,6 +333,9 @@ def main(argv=None):
     if results.get("opct") and results.get("trl"):
         o, t = summary(results["opct"]), summary(results["trl"])
         print(f"opct / TRL tokens/s: {o[0] / t[0]:.2f}x wall-clock, {o[2] / t[2]:.2f}x CPU time")
+        if round_ratios:
+            print(f"per round (wall-clock, each round's medians): lowest {min(round_ratios):.2f}x, "
+                  f"highest {max(round_ratios):.2f}x over {len(round_ratios)} rounds")
     if results.get("opct") and results["opct"]["parts"]:
         step = statistics.median(results["opct"]["step_s"])
         print("opct step, median s: " + ", ".join(

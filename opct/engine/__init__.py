@@ -50,6 +50,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from opct import cpu_matmul
 from opct.activations import unwrap
 from opct.batching import left_pad
 from opct.engine.weights import MAX_COPY_BYTES, POOL_MAX_BYTES, EnginePool, Unsupported, empty, fused, interleave  # noqa: F401
@@ -222,7 +223,13 @@ class LlamaEngine:
         """Sample up to `max_new_tokens` per prompt (greedy decoding at `temperature` 0; nucleus sampling when
         `top_p` < 1). Returns (tokens_B_T, logp_B_T) on the CPU: T <= max_new_tokens (the loop stops once every row
         has an EOS); after a row's first EOS its tokens are `pad_id`. logp is the sampling distribution's (at
-        temperature 0: the model's own)."""
+        temperature 0: the model's own). Torch-function modes are off inside (`opct.cpu_matmul.no_interception`:
+        at 8 rows a decode step's matmuls run no faster through oneDNN, and a mode's Python cost per op would land
+        on each of the step's ~90 small ops)."""
+        with cpu_matmul.no_interception():
+            return self._sample(prompts_ids, max_new_tokens, temperature, eos_ids, pad_id, min_new_tokens, top_p)
+
+    def _sample(self, prompts_ids, max_new_tokens, temperature, eos_ids, pad_id, min_new_tokens, top_p):
         B, dev = len(prompts_ids), self.device
         P = max(len(p) for p in prompts_ids)
         S = P + max_new_tokens

@@ -88,6 +88,10 @@ class TrainConfig:
                                    "and train it further; the teacher stays the starting model (adapters disabled)")
     bf16: bool = option(False, "bf16 mixed precision (GPU)")
     gradient_checkpointing: bool = option(False, "recompute activations in backward to save memory")
+    cpu_matmul: str = option("onednn", "CPU, float32: the library behind linear layers in training and sampling: "
+                                       "onednn (torch's mkldnn; about 2x MKL on AMD CPUs, where MKL takes its AVX2 "
+                                       "path) or blas (torch's default, MKL); agree to float rounding; see "
+                                       "opct/cpu_matmul.py", choices=["onednn", "blas"])
     trust_remote_code: bool = option(False, "run the model directory's own Python code (a flag only: never from a "
                                             "config file; prints a warning naming the directory)", file=False)
     # run bookkeeping

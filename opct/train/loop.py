@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from opct import files
+from opct import cpu_matmul, files
 from opct.config import require
 from opct.errors import OpctError
 from opct.pairs.schema import Pair, load_pairs
@@ -281,22 +281,23 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         t0 = time.perf_counter()
         run.step = step - 1
         try:
-            if step <= config.max_steps:
-                stats = {}
-                if replay_plan:  # mixed: this step's replay rows first, accumulated locally (the method syncs)
+            with cpu_matmul.use(config.cpu_matmul, acc.device):  # linear layers: opct.cpu_matmul
+                if step <= config.max_steps:
+                    stats = {}
+                    if replay_plan:  # mixed: this step's replay rows first, accumulated locally (the method syncs)
+                        mine = replay.step_rows(replay_rows, replay_plan, step, config.seed, acc.process_index,
+                                                acc.num_processes)
+                        stats = {"phase": "method", **replay.replay_backward(
+                            run, mine, len(replay_plan.rows_at(step)), sync_last=False)}
+                    micro = step_micro_batches(pairs, config, state["pairs_consumed"], acc.process_index,
+                                               acc.num_processes)
+                    stats = {**step_fn(run, micro), **stats}
+                    state["pairs_consumed"] += per_step
+                else:  # sequential: replay alone, after the method's steps
                     mine = replay.step_rows(replay_rows, replay_plan, step, config.seed, acc.process_index,
                                             acc.num_processes)
-                    stats = {"phase": "method", **replay.replay_backward(
-                        run, mine, len(replay_plan.rows_at(step)), sync_last=False)}
-                micro = step_micro_batches(pairs, config, state["pairs_consumed"], acc.process_index,
-                                           acc.num_processes)
-                stats = {**step_fn(run, micro), **stats}
-                state["pairs_consumed"] += per_step
-            else:  # sequential: replay alone, after the method's steps
-                mine = replay.step_rows(replay_rows, replay_plan, step, config.seed, acc.process_index,
-                                        acc.num_processes)
-                stats = replay.replay_backward(run, mine, len(replay_plan.rows_at(step)), sync_last=True)
-                stats.update(phase="replay", loss=stats["replay_loss"], tokens=stats["replay_tokens"])
+                    stats = replay.replay_backward(run, mine, len(replay_plan.rows_at(step)), sync_last=True)
+                    stats.update(phase="replay", loss=stats["replay_loss"], tokens=stats["replay_tokens"])
         except OpctError as e:
             raise OpctError(f"step {step}: {e} (last good checkpoint: {latest_checkpoint(out) or 'none'})") from None
         lr = scheduler.get_last_lr()[0]

@@ -1,0 +1,133 @@
+"""Float32 linear layers on the CPU through oneDNN rather than the BLAS torch was built with (`cpu_matmul`).
+
+Why: torch's CPU builds send a float32 `F.linear` to MKL's sgemm. MKL picks its kernels by CPU vendor, and on AMD
+CPUs it takes its AVX2 path even where the CPU has AVX-512; oneDNN (torch's `mkldnn`, in the same build) dispatches
+on the instruction set. On this project's machine (AMD EPYC, AVX-512) oneDNN runs the training step's matrix shapes
+(a few hundred rows x 192 x 576-1024) at 2.2-2.4x MKL's rate at one thread; `bench/opct_step.py` measures what that
+does to a whole OPCT step (`--cpu-matmul blas` for the comparison). Both compute the same products in float32; they
+add in another order, so results agree to float rounding (about 1e-6 relative), not bit for bit.
+
+How: `use(backend)` scopes a choice (a context variable, so nothing leaks into code that runs after it). Inside
+`use("onednn")` on the CPU, a `TorchFunctionMode` sends every float32 `F.linear` (nn.Linear, peft's LoRA layers,
+the fused output layer of `opct.fused_kl`) to oneDNN through `_OneDNNLinear`, whose backward computes the input's
+gradient with oneDNN too and a trained weight's with torch's own matmul. Everything else goes through untouched:
+another dtype, autocast (bf16 training), a GPU, tensor subclasses, an empty batch. The sampling engine runs with
+torch-function handling off (`no_interception`): at its 8-row decode steps oneDNN was measured no faster than MKL
+(850 vs 776 us per step at 2 threads), and the mode's Python cost per call would land on each of the step's ~90
+small ops. So the choice matters for the forwards and backwards of training (student, teacher, replay, targets).
+
+Only training enters `use(...)` (with `TrainConfig.cpu_matmul`, default onednn, around each step); evaluation runs
+on torch's default. Torch builds without oneDNN fall back to the BLAS.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+BACKENDS = ("onednn", "blas")
+_backend: contextvars.ContextVar[str] = contextvars.ContextVar("opct_cpu_matmul", default="blas")
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _op():
+    mkldnn = getattr(torch.ops, "mkldnn", None)
+    if not torch.backends.mkldnn.is_available() or mkldnn is None or not hasattr(mkldnn, "_linear_pointwise"):
+        return None
+    return mkldnn._linear_pointwise.default
+
+
+_DNN = _op()
+
+
+def available() -> bool:
+    """Whether this torch build has oneDNN's linear kernel."""
+    return _DNN is not None
+
+
+def backend() -> str:
+    """The backend in force here: 'onednn' or 'blas' (also 'blas' where oneDNN is not available)."""
+    return _backend.get() if available() else "blas"
+
+
+def _applies(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
+    return (type(x) in _PLAIN and type(w) in _PLAIN and (b is None or type(b) in _PLAIN)
+            and x.device.type == "cpu" and w.device.type == "cpu"
+            and x.dtype == torch.float32 and w.dtype == torch.float32 and (b is None or b.dtype == torch.float32)
+            and w.dim() == 2 and x.dim() >= 1 and x.shape[-1] == w.shape[1] and x.numel() > 0 and w.numel() > 0
+            and not torch.is_autocast_enabled("cpu"))
+
+
+def _dnn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    y = _DNN(x2 if x2.is_contiguous() else x2.contiguous(), w if w.is_contiguous() else w.contiguous(), b,
+             "none", [], "")
+    return y.view(*x.shape[:-1], w.shape[0])
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """y = x w^T + b through oneDNN; dL/dx = dL/dy w through oneDNN as well; dL/dw = (dL/dy)^T x and dL/db through
+    torch (only for trained weights: under LoRA the base weights are frozen and take no gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return _dnn(x, w, b)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, w = ctx.saved_tensors
+        g = grad_y.reshape(-1, grad_y.shape[-1])
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _dnn(g, w.t().contiguous(), None).view(*grad_y.shape[:-1], w.shape[1])
+        if ctx.needs_input_grad[1]:
+            grad_w = g.t().mm(x.reshape(-1, x.shape[-1]))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g.sum(0)
+        return grad_x, grad_w, grad_b
+
+
+class _Mode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, w = args[0], (args[1] if len(args) > 1 else kwargs.get("weight"))
+            b = args[2] if len(args) > 2 else kwargs.get("bias")
+            if w is not None and _applies(x, w, b):
+                if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad
+                                                or (b is not None and b.requires_grad)):
+                    return _OneDNNLinear.apply(x, w, b)
+                return _dnn(x, w, b)
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def use(name: str, device: torch.device | str = "cpu") -> Iterator[None]:
+    """Within this block, float32 linear layers on the CPU run through `name` ('onednn' or 'blas'); on another
+    device only the choice is recorded (nothing is intercepted)."""
+    if name not in BACKENDS:
+        raise ValueError(f"cpu_matmul must be one of {', '.join(BACKENDS)} (got {name!r})")
+    token = _backend.set(name)
+    try:
+        if name == "onednn" and available() and torch.device(device).type == "cpu":
+            with _Mode():
+                yield
+        else:
+            yield
+    finally:
+        _backend.reset(token)
+
+
+@contextmanager
+def no_interception() -> Iterator[None]:
+    """Torch-function handling off (the sampling engine's loop: it calls `linear` itself, and a mode's per-call
+    Python cost would otherwise land on each of its small ops)."""
+    with torch._C.DisableTorchFunction():
+        yield
