@@ -115,3 +115,21 @@ def test_the_gpu_check_script_runs_against_the_stand_in(model_dir, pairs_file, m
     out = capsys.readouterr().out
     assert code == 0 and out.rstrip().endswith("vLLM check: PASS"), out
     assert out.count(": PASS") >= 7 and "FAIL" not in out
+
+
+def test_a_push_with_names_the_engine_does_not_know_is_one_clear_error(model_dir, monkeypatch):
+    import pytest
+
+    from opct.engine import weights
+    from opct.errors import OpctError
+
+    fake_vllm.install(monkeypatch)
+    policy = load_policy(model_dir)
+    sampler = VLLMSampler(policy, model_dir)
+    real = weights.merged_weights
+    monkeypatch.setattr(weights, "merged_weights", lambda m: ((f"base_model.{n}", w) for n, w in real(m)))
+    with pytest.raises(OpctError, match="no parameter"):
+        sampler.push_weights(policy.model)
+    monkeypatch.setattr(weights, "merged_weights", lambda m: ((n, w) for n, w in real(m) if "norm" not in n))
+    with pytest.raises(OpctError, match="did not receive"):
+        sampler.push_weights(policy.model)

@@ -31,10 +31,16 @@ requires) and checks afterwards that the engine's executor is local. One trainin
 launch` every rank would need its own engine (TRL's `distributed_executor_backend="external_launcher"`), which is not
 done here.
 
-API read from vLLM's source (github.com/vllm-project/vllm, main, 2026: `LLM.__init__`, `LLM.generate`,
-`LLM.apply_model`, `LLM.reset_prefix_cache`, `SamplingParams`, `v1/sample/sampler.py`, `v1/core/sched/utils.py
-check_stop`) and TRL's colocated vLLM generation (trl/generation/vllm_generation.py). `logprobs_mode` exists from
-vLLM 0.10.0; TRL requires 0.10.2 for processed log-probs, and so does this module (`MIN_VLLM`).
+API read from vLLM's source: the Python files of the vllm 0.33.0 wheel (the current release, 2026-11) and of
+github.com/vllm-project/vllm around 0.17 (`LLM.__init__` / `generate` / `apply_model` / `reset_prefix_cache`,
+`SamplingParams`, `CompletionOutput`, `v1/engine/llm_engine.py` (in-process `model_executor`),
+`v1/sample/sampler.py` and `v1/worker/gpu/sample/sampler.py` (processed log-probs, in both model runners),
+`v1/core/sched/utils.py check_stop`, `models/llama.py load_weights`, `model_loader/default_loader.py`'s check that
+every parameter was loaded), and TRL's colocated vLLM generation (trl/generation/vllm_generation.py). `logprobs_mode`
+exists from vLLM 0.10.0; TRL requires 0.10.2 for processed log-probs, and so does this module (`MIN_VLLM`). vLLM
+0.33 also has an official in-place `reload_weights`; plain `load_weights` is used here because it exists in every
+supported version and, for an unquantized model on CUDA, needs no post-processing (0.33's
+`UnquantizedLinearMethod.process_weights_after_loading` does nothing on CUDA).
 """
 
 from __future__ import annotations
@@ -109,7 +115,7 @@ def to_samples(outputs, eos_ids: Sequence[int], decode) -> Samples:
         if done.logprobs is None or len(done.logprobs) != len(ids):
             raise OpctError(f"vLLM returned {0 if done.logprobs is None else len(done.logprobs)} log-probs for "
                             f"{len(ids)} tokens (row {i}); this is a bug in opct.engine.vllm_sampler")
-        lps = [float(step[tok].logprob) for step, tok in zip(done.logprobs, ids)]
+        lps = [float(done.logprobs[j][tok].logprob) for j, tok in enumerate(ids)]  # by position: also FlatLogprobs
         cut = next((j + 1 for j, tok in enumerate(ids) if tok in eos), None)
         length = done.finish_reason == "length"
         if done.finish_reason not in ("stop", "length") or (cut is None) != length or (cut not in (None, len(ids))):
@@ -124,14 +130,17 @@ def to_samples(outputs, eos_ids: Sequence[int], decode) -> Samples:
 
 
 @contextmanager
-def _rng_kept():
-    """Restore Python's, numpy's, torch's and CUDA's global RNG states on exit."""
+def _process_state_kept():
+    """Restore what vLLM's in-process worker sets for the whole process: Python's, numpy's, torch's and CUDA's global
+    RNG states (it seeds them all with its `seed`) and torch's float32 matmul precision (it sets
+    VLLM_FLOAT32_MATMUL_PRECISION, default "highest")."""
     import random
 
     import numpy as np
     import torch
 
     states = random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.cuda.get_rng_state_all()
+    precision = torch.get_float32_matmul_precision()
     try:
         yield
     finally:
@@ -139,6 +148,7 @@ def _rng_kept():
         np.random.set_state(states[1])
         torch.set_rng_state(states[2])
         torch.cuda.set_rng_state_all(states[3])
+        torch.set_float32_matmul_precision(precision)
 
 
 def _in_process(engine) -> bool:
@@ -161,7 +171,7 @@ class VLLMSampler:
             raise OpctError(f"sampler: vllm cannot be imported ({e}); {INSTALL}") from None
         self.policy, self.seed, self.stream = policy, seed, stream
         self.step, self.row = -1, 0  # outside training until `begin_step`
-        with _rng_kept():  # vLLM seeds the global RNGs with `seed`; the training process keeps its own streams
+        with _process_state_kept():  # the training process keeps its own RNG streams and matmul precision
             self.llm = LLM(model=str(model_dir), dtype=dtype, seed=seed,
                            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
                            skip_tokenizer_init=True, logprobs_mode="processed_logprobs")
@@ -208,6 +218,8 @@ class VLLMSampler:
                 loaded = vllm_model.load_weights(merged_weights(model))
             except Unsupported as e:
                 return {"unsupported": str(e)}
+            except KeyError as e:  # a name the engine's model does not have
+                return {"unknown": str(e)}
             if loaded is None:  # a loader that reports nothing to check against
                 return {"missing": []}
             # the check vLLM's own loader makes after reading a checkpoint: every parameter was loaded
@@ -217,6 +229,9 @@ class VLLMSampler:
         if "unsupported" in result:
             raise OpctError(f"sampler: vllm cannot take this model's weights ({result['unsupported']}); use "
                             f"--sampler hf")
+        if "unknown" in result:
+            raise OpctError(f"vLLM's model has no parameter {result['unknown']} of the trained model; the names do "
+                            f"not match its checkpoint's")
         if result["missing"]:
             missing = result["missing"]
             raise OpctError(f"vLLM did not receive {len(missing)} weights from the trained model (e.g. "
