@@ -12,9 +12,12 @@
 #      vllm imported (or `pip install vllm` tried, which fails without network), an OPCT run with --sampler hf and the
 #      same with --sampler vllm (tokens/s of both), then bench/vllm_check.py: vLLM's processed log-probs against HF's
 #      at step 0 and after pushing the vllm run's trained adapter (PASS/FAIL with the tolerance stated there)
-# Sections 0-4 together leave VLLM_RESERVE (210 s) for section 5, which runs last because installing vllm may replace
-# torch. Usage (repository root, a CUDA build of torch installed):
-#     OUT=/tmp/gpu-check bash bench/gpu_check.sh
+# Sections 0-4 together leave VLLM_RESERVE (210 s) for section 5. SECTIONS=5 runs section 5 alone (all 470 s for it).
+# A missing vllm is installed with `pip install --target $VLLM_SITE` (default /tmp/vllm-site), never into the
+# environment itself: vllm pins its own torch, and a timeout in the middle of replacing torch would break the other
+# sections; the vLLM section then runs with $VLLM_SITE first on PYTHONPATH (and so does a later run that finds it).
+# Usage (repository root, a CUDA build of torch installed):
+#     OUT=/tmp/gpu-check bash bench/gpu_check.sh            # or SECTIONS=05 ... for some sections only
 # Results: $OUT/gpu_check.log, the experiment's results.md and report.html, and train metrics.
 set -u
 OUT=${OUT:-/tmp/gpu-check}
@@ -24,8 +27,9 @@ PY=${PY:-python3}
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 quiet() { grep -av -e 'it/s' -e 's/it' -e '^\s*$' | tr '\r' '\n' | grep -av -e 'it/s' -e 's/it' -e '^\s*$'; }
 
-T0=$(date +%s); TOTAL=${TOTAL:-470}; VLLM_RESERVE=${VLLM_RESERVE:-210}
+T0=$(date +%s); TOTAL=${TOTAL:-470}; VLLM_RESERVE=${VLLM_RESERVE:-210}; SECTIONS=${SECTIONS:-012345}
 SUMMARY=()
+want() { [[ $SECTIONS == *$1* ]]; }
 left() { echo $(( T0 + TOTAL - $(date +%s) )); }
 # begin NAME CAP [KEEP]: a section's timeout T = CAP seconds at most, leaving KEEP seconds for the sections after it;
 # returns 1 (and says so) when no time is left for it
@@ -41,14 +45,14 @@ end() {
   local how="rc $1"; (( $1 == 124 )) && how="TIMEOUT after ${T}s"
   echo "-- $NAME: $how in $(( $(date +%s) - S0 )) s"; SUMMARY+=("$NAME: $how in $(( $(date +%s) - S0 )) s")
 }
-R=$VLLM_RESERVE
+R=$VLLM_RESERVE; want 5 || R=0
 
 echo "== versions"
 timeout 60 $PY -c "import torch, transformers, peft, accelerate; print('torch', torch.__version__, '| cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', '| transformers', transformers.__version__, '| peft', peft.__version__, '| accelerate', accelerate.__version__)"
 PAIRS=$OUT/pairs.jsonl  # sycophancy pairs for sections 2-5 (section 1 makes its own)
 $PY -m opct.cli pairs make --axis sycophancy --out "$PAIRS" --per-family 16 | tail -1
 
-if begin "0. the sampling engine on CUDA: its log-probs against the model's own forward, fp32 and bf16" 40 $R; then
+if want 0 && begin "0. the sampling engine on CUDA: its log-probs against the model's own forward, fp32 and bf16" 40 $R; then
 timeout $T $PY - <<'PYEOF'
 import time, torch
 from opct.engine import llama_engine
@@ -68,7 +72,7 @@ PYEOF
 end $?
 fi
 
-if begin "1. the demo experiment on CUDA (train bf16, eval on cuda)" 100 $R; then
+if want 1 && begin "1. the demo experiment on CUDA (train bf16, eval on cuda)" 100 $R; then
 cat > /tmp/gpu.yaml <<YAML
 name: gpu
 out: /tmp/runs
@@ -81,7 +85,7 @@ cp /tmp/runs/gpu/results.md /tmp/runs/gpu/report.html "$OUT/" 2>/dev/null
 for a in opct bct; do cp /tmp/runs/gpu/$a/0/train/metrics.jsonl "$OUT/train_$a.jsonl" 2>/dev/null; done
 fi
 
-if begin "2. full fine-tuning, bf16, gradient checkpointing (10 OPCT steps)" 40 $R; then
+if want 2 && begin "2. full fine-tuning, bf16, gradient checkpointing (10 OPCT steps)" 40 $R; then
 timeout $T $PY -m opct.cli train --method opct --model opct/organisms/default --pairs "$PAIRS" --out /tmp/ft --no-lora \
   --bf16 --gradient-checkpointing --max-steps 10 --batch-size 8 --n-samples 2 --lr 1e-5 --max-new-tokens 48 \
   --save-every 5 2>&1 | quiet | tail -5
@@ -89,7 +93,7 @@ end "${PIPESTATUS[0]}"
 $PY -c "import json; rows = [json.loads(x) for x in open('/tmp/ft/metrics.jsonl')]; print('full FT losses:', [round(r['loss'], 4) for r in rows], 'tokens/s:', round(sum(r['tokens_per_s'] for r in rows[2:]) / max(1, len(rows[2:]))))" 2>&1 | tail -1
 fi
 
-if begin "3. OPCT step throughput on CUDA, 32 pairs x 4 samples, bf16, LoRA (20 steps)" 35 $R; then
+if want 3 && begin "3. OPCT step throughput on CUDA, 32 pairs x 4 samples, bf16, LoRA (20 steps)" 35 $R; then
 timeout $T $PY -m opct.cli train --method opct --model opct/organisms/default --pairs "$PAIRS" --out /tmp/tp --bf16 \
   --max-steps 20 --batch-size 32 --n-samples 4 --lr 1e-3 --max-new-tokens 48 --save-every 20 2>&1 | quiet | tail -3
 end "${PIPESTATUS[0]}"
@@ -103,7 +107,9 @@ NP=$(nvidia-smi -L 2>/dev/null | wc -l); NP=$(( NP < 1 ? 1 : NP ))
 LAUNCH="$PY -m accelerate.commands.launch --num_processes $NP --num_machines 1 --mixed_precision no --dynamo_backend no"
 SHARD_ARGS="--method opct --model opct/organisms/default --pairs $PAIRS --bf16 --batch-size 8 --n-samples 2 --lr 1e-3 \
   --max-new-tokens 48 --save-every 2"
-if $PY -c "import deepspeed" 2>/dev/null; then
+if ! want 4; then
+  :
+elif $PY -c "import deepspeed" 2>/dev/null; then
   if begin "4a. DeepSpeed ZeRO-2 on $NP GPU(s): 4 steps" 50 $R; then
     timeout $T $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out /tmp/z2 --max-steps 4 2>&1 \
       | quiet | tail -4
@@ -125,7 +131,7 @@ else
   echo "== 4a-4c. ZeRO-2 / ZeRO-3: SKIPPED, deepspeed is not installed (pip install 'opct[deepspeed]')"
   SUMMARY+=("4a-4c. DeepSpeed: SKIPPED (not installed)")
 fi
-if begin "4d. FSDP (expected: opct's 'shards the parameters' error)" 35 $R; then
+if want 4 && begin "4d. FSDP (expected: opct's 'shards the parameters' error)" 35 $R; then
   timeout $T $LAUNCH --use_fsdp -m opct.cli train $SHARD_ARGS --out /tmp/fsdp --max-steps 2 2>&1 | quiet \
     | grep -a -e "opct: error" -e Traceback | head -3
   end "${PIPESTATUS[0]}"
@@ -133,21 +139,32 @@ fi
 
 # 5. vLLM. vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by opct too); nothing may go online.
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-VLLM_VERSION=$($PY -c "import vllm; print(vllm.__version__)" 2>/dev/null | tail -1)
-if [ -z "$VLLM_VERSION" ] && begin "5a. vLLM: not installed; trying pip install vllm (needs a package index)" 90; then
-  timeout $T $PY -m pip install --retries 1 --timeout 15 vllm 2>&1 | tail -3
-  end "${PIPESTATUS[0]}"
-  VLLM_VERSION=$($PY -c "import vllm; print(vllm.__version__)" 2>/dev/null | tail -1)
-  $PY -c "import torch, transformers; print('after pip: torch', torch.__version__, '| transformers', transformers.__version__)"
+VLLM_SITE=${VLLM_SITE:-/tmp/vllm-site}
+[ -d "$VLLM_SITE/vllm" ] && export PYTHONPATH=$VLLM_SITE:$PYTHONPATH
+VLLM_VERSION=""
+if want 5; then
+  VLLM_VERSION=$(timeout 90 $PY -c "import vllm; print(vllm.__version__)" 2>/dev/null | tail -1)
+  HAS_CUDA=$($PY -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null | tail -1)
+  if [ -z "$VLLM_VERSION" ] && [ "$HAS_CUDA" != 1 ]; then
+    echo "== 5a. vLLM: not installed, and no CUDA here: pip install vllm NOT tried (it would pull a CUDA torch)"
+  elif [ -z "$VLLM_VERSION" ] && begin "5a. vLLM: not installed; pip install --target $VLLM_SITE vllm" 200 60; then
+    timeout $T $PY -m pip install --retries 1 --timeout 15 --target "$VLLM_SITE" vllm 2>&1 | tail -3
+    end "${PIPESTATUS[0]}"
+    export PYTHONPATH=$VLLM_SITE:$PYTHONPATH
+    VLLM_VERSION=$(timeout 90 $PY -c "import vllm; print(vllm.__version__)" 2>/dev/null | tail -1)
+    $PY -c "import torch, transformers; print('with $VLLM_SITE: torch', torch.__version__, torch.cuda.is_available(), '| transformers', transformers.__version__)"
+  fi
 fi
-if [ -z "$VLLM_VERSION" ]; then
+if ! want 5; then
+  :
+elif [ -z "$VLLM_VERSION" ]; then
   echo "== 5. vLLM: NOT RUN: vllm cannot be imported here (and pip could not install it)"
   SUMMARY+=("5. vLLM: NOT RUN (vllm not importable)")
 else
   echo "== vllm $VLLM_VERSION"
   VL_ARGS="--method opct --model opct/organisms/default --pairs $PAIRS --bf16 --max-steps 12 --batch-size 16 \
     --n-samples 4 --lr 1e-3 --max-new-tokens 48 --save-every 12"
-  if begin "5b. OPCT, 12 steps of 16 pairs x 4 samples, bf16 LoRA: --sampler hf, then --sampler vllm (eager)" 130 60; then
+  if begin "5b. OPCT, 12 steps of 16 pairs x 4 samples, bf16 LoRA: --sampler hf, then --sampler vllm (eager)" 120 80; then
     timeout $(( T / 4 )) $PY -m opct.cli train $VL_ARGS --out /tmp/vl-hf 2>&1 | quiet | tail -2
     timeout $(( T - T / 4 )) $PY -m opct.cli train $VL_ARGS --out /tmp/vl-vllm --sampler vllm --vllm-enforce-eager \
       --vllm-gpu-memory 0.25 2>&1 | quiet | grep -av -e '^INFO' -e '^(EngineCore' | tail -12
