@@ -1,10 +1,23 @@
 #!/usr/bin/env bash
-# One short check of the GPU path, prepared to run once on a lent GPU machine (the device tool) and written so that
-# each part reports on its own: versions; the demo experiment (`opct run`) with bf16 OPCT/BCT training and every
-# suite (adaptive attacker included) evaluated on CUDA; full fine-tuning with gradient checkpointing in bf16; the
-# OPCT step's throughput at a larger batch; sharded launches (DeepSpeed ZeRO-2/3, FSDP; untested). Usage
-# (repository root, a CUDA build of torch installed):
-#     OUT=/tmp/gpu-check bash bench/gpu_check.sh
+# The one prepared check of the GPU path, to run once on a lent GPU machine (the device tool), in at most 8 minutes
+# (TOTAL=470 s of sections by default). Each section has its own timeout, reports on its own and cannot stop the
+# others; the last lines summarise every section (rc, TIMEOUT, SKIPPED). Sections, in order:
+#   0  the sampling engine on CUDA: its log-probs against the model's own forward, fp32 and bf16
+#   1  the demo experiment (`opct run`): bf16 OPCT/BCT training and every suite evaluated on CUDA
+#   2  full fine-tuning, bf16, gradient checkpointing
+#   3  the OPCT step's throughput at 32 pairs x 4 samples, bf16, LoRA
+#   4  sharded launches: DeepSpeed ZeRO-2 (train, resume), ZeRO-3 and FSDP (both refused by opct for now: each should
+#      stop with opct's 'shards the parameters' error, rc 1, no traceback)
+#   5  the vLLM sampler (opct/engine/vllm_sampler.py; UNTESTED until this runs: written 2026-12-01 without a GPU):
+#      vllm imported (or `pip install vllm` tried, which fails without network), an OPCT run with --sampler hf and the
+#      same with --sampler vllm (tokens/s of both), then bench/vllm_check.py: vLLM's processed log-probs against HF's
+#      at step 0 and after pushing the vllm run's trained adapter (PASS/FAIL with the tolerance stated there)
+# Sections 0-4 together leave VLLM_RESERVE (210 s) for section 5. SECTIONS=5 runs section 5 alone (all 470 s for it).
+# A missing vllm is installed with `pip install --target $VLLM_SITE` (default /tmp/vllm-site), never into the
+# environment itself: vllm pins its own torch, and a timeout in the middle of replacing torch would break the other
+# sections; the vLLM section then runs with $VLLM_SITE first on PYTHONPATH (and so does a later run that finds it).
+# Usage (repository root, a CUDA build of torch installed):
+#     OUT=/tmp/gpu-check bash bench/gpu_check.sh            # or SECTIONS=05 ... for some sections only
 # Results: $OUT/gpu_check.log, the experiment's results.md and report.html, and train metrics.
 set -u
 OUT=${OUT:-/tmp/gpu-check}
@@ -14,11 +27,33 @@ PY=${PY:-python3}
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 quiet() { grep -av -e 'it/s' -e 's/it' -e '^\s*$' | tr '\r' '\n' | grep -av -e 'it/s' -e 's/it' -e '^\s*$'; }
 
-echo "== versions"
-$PY -c "import torch, transformers, peft, accelerate; print('torch', torch.__version__, '| cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', '| transformers', transformers.__version__, '| peft', peft.__version__, '| accelerate', accelerate.__version__)"
+T0=$(date +%s); TOTAL=${TOTAL:-470}; VLLM_RESERVE=${VLLM_RESERVE:-210}; SECTIONS=${SECTIONS:-012345}
+SUMMARY=()
+want() { [[ $SECTIONS == *$1* ]]; }
+left() { echo $(( T0 + TOTAL - $(date +%s) )); }
+# begin NAME CAP [KEEP]: a section's timeout T = CAP seconds at most, leaving KEEP seconds for the sections after it;
+# returns 1 (and says so) when no time is left for it
+begin() {
+  NAME=$1; T=$2; local room=$(( $(left) - ${3:-0} ))
+  (( room < T )) && T=$room
+  S0=$(date +%s)
+  echo "== $NAME [timeout ${T}s; $(left)s of ${TOTAL}s left]"
+  if (( T < 5 )); then echo "SKIPPED: out of time"; SUMMARY+=("$NAME: SKIPPED (out of time)"); return 1; fi
+}
+# end RC: record how the section ended (124 = its timeout)
+end() {
+  local how="rc $1"; (( $1 == 124 )) && how="TIMEOUT after ${T}s"
+  echo "-- $NAME: $how in $(( $(date +%s) - S0 )) s"; SUMMARY+=("$NAME: $how in $(( $(date +%s) - S0 )) s")
+}
+R=$VLLM_RESERVE; want 5 || R=0
 
-echo "== 0. the sampling engine on CUDA: its log-probs against the model's own forward, fp32 and bf16"
-$PY - <<'PYEOF'
+echo "== versions"
+timeout 60 $PY -c "import torch, transformers, peft, accelerate; print('torch', torch.__version__, '| cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', '| transformers', transformers.__version__, '| peft', peft.__version__, '| accelerate', accelerate.__version__)"
+PAIRS=$OUT/pairs.jsonl  # sycophancy pairs for sections 2-5 (section 1 makes its own)
+$PY -m opct.cli pairs make --axis sycophancy --out "$PAIRS" --per-family 16 | tail -1
+
+if want 0 && begin "0. the sampling engine on CUDA: its log-probs against the model's own forward, fp32 and bf16" 40 $R; then
+timeout $T $PY - <<'PYEOF'
 import time, torch
 from opct.engine import llama_engine
 from opct.policy import load_policy
@@ -34,62 +69,125 @@ for dtype in ("float32", "bfloat16"):
           f"{dt:.2f} s; max |sampler logp - forward logp| = {max(diffs):.2e} over {len(diffs)} tokens; "
           f"e.g. {s.texts[0]!r}")
 PYEOF
-echo "== 1. the demo experiment on CUDA (train bf16, eval on cuda)"
+end $?
+fi
+
+if want 1 && begin "1. the demo experiment on CUDA (train bf16, eval on cuda)" 100 $R; then
 cat > /tmp/gpu.yaml <<YAML
 name: gpu
 out: /tmp/runs
 train: {max_steps: 200, batch_size: 8, n_samples: 2, lr: 0.001, max_new_tokens: 48, save_every: 50, bf16: true}
 eval: {n: 100, device: cuda}
 YAML
-t0=$(date +%s)
-timeout ${RUN_TIMEOUT:-330} $PY -m opct.cli run /tmp/gpu.yaml 2>&1 | quiet | tail -80
-echo "opct run: rc ${PIPESTATUS[0]} in $(( $(date +%s) - t0 )) s"
+timeout $T $PY -m opct.cli run /tmp/gpu.yaml 2>&1 | quiet | tail -40
+end "${PIPESTATUS[0]}"
 cp /tmp/runs/gpu/results.md /tmp/runs/gpu/report.html "$OUT/" 2>/dev/null
 for a in opct bct; do cp /tmp/runs/gpu/$a/0/train/metrics.jsonl "$OUT/train_$a.jsonl" 2>/dev/null; done
+fi
 
-echo "== 2. full fine-tuning, bf16, gradient checkpointing (10 OPCT steps)"
-t0=$(date +%s)
-timeout 90 $PY -m opct.cli train --method opct --model opct/organisms/default --pairs /tmp/runs/gpu/pairs/seed0.jsonl \
-  --out /tmp/ft --no-lora --bf16 --gradient-checkpointing --max-steps 10 --batch-size 8 --n-samples 2 --lr 1e-5 \
-  --max-new-tokens 48 --save-every 5 2>&1 | quiet | tail -5
-echo "full FT: rc ${PIPESTATUS[0]} in $(( $(date +%s) - t0 )) s"
-$PY - <<'PYEOF'
-import json
-rows = [json.loads(x) for x in open("/tmp/ft/metrics.jsonl")]
-print("full FT losses:", [round(r["loss"], 4) for r in rows], "tokens/s:", round(sum(r["tokens_per_s"] for r in rows[2:]) / max(1, len(rows[2:]))))
-PYEOF
+if want 2 && begin "2. full fine-tuning, bf16, gradient checkpointing (10 OPCT steps)" 40 $R; then
+timeout $T $PY -m opct.cli train --method opct --model opct/organisms/default --pairs "$PAIRS" --out /tmp/ft --no-lora \
+  --bf16 --gradient-checkpointing --max-steps 10 --batch-size 8 --n-samples 2 --lr 1e-5 --max-new-tokens 48 \
+  --save-every 5 2>&1 | quiet | tail -5
+end "${PIPESTATUS[0]}"
+$PY -c "import json; rows = [json.loads(x) for x in open('/tmp/ft/metrics.jsonl')]; print('full FT losses:', [round(r['loss'], 4) for r in rows], 'tokens/s:', round(sum(r['tokens_per_s'] for r in rows[2:]) / max(1, len(rows[2:]))))" 2>&1 | tail -1
+fi
 
-echo "== 3. OPCT step throughput on CUDA, 32 pairs x 4 samples, bf16, LoRA (20 steps)"
-timeout 90 $PY -m opct.cli train --method opct --model opct/organisms/default --pairs /tmp/runs/gpu/pairs/seed0.jsonl \
-  --out /tmp/tp --bf16 --max-steps 20 --batch-size 32 --n-samples 4 --lr 1e-3 --max-new-tokens 48 --save-every 20 \
-  2>&1 | quiet | tail -3
-$PY - <<'PYEOF'
-import json
-rows = [json.loads(x) for x in open("/tmp/tp/metrics.jsonl")][3:]
-print("OPCT bf16 LoRA 32x4: s/step %.3f, tokens/s %.0f" % (sum(r["step_time_s"] for r in rows) / len(rows), sum(r["tokens_per_s"] for r in rows) / len(rows)))
-PYEOF
+if want 3 && begin "3. OPCT step throughput on CUDA, 32 pairs x 4 samples, bf16, LoRA (20 steps)" 35 $R; then
+timeout $T $PY -m opct.cli train --method opct --model opct/organisms/default --pairs "$PAIRS" --out /tmp/tp --bf16 \
+  --max-steps 20 --batch-size 32 --n-samples 4 --lr 1e-3 --max-new-tokens 48 --save-every 20 2>&1 | quiet | tail -3
+end "${PIPESTATUS[0]}"
+$PY -c "import json; rows = [json.loads(x) for x in open('/tmp/tp/metrics.jsonl')][3:]; print('OPCT bf16 LoRA 32x4: s/step %.3f, tokens/s %.0f' % (sum(r['step_time_s'] for r in rows) / len(rows), sum(r['tokens_per_s'] for r in rows) / len(rows)))" 2>&1 | tail -1
+fi
 
-echo "== 4. sharded launches -- UNTESTED: written on 2026-12-01 without a GPU; what they should print is said first"
 # ZeRO-2 should train 4 steps, resume to 6 and say 'resume: ok'; ZeRO-3 and FSDP should each stop with opct's
 # 'shards the parameters' error (rc 1, no traceback), as neither is supported yet (opct/train/sharded.py); on a
 # single GPU accelerate may not turn FSDP on at all, and the FSDP line then prints nothing (one plain process).
 NP=$(nvidia-smi -L 2>/dev/null | wc -l); NP=$(( NP < 1 ? 1 : NP ))
 LAUNCH="$PY -m accelerate.commands.launch --num_processes $NP --num_machines 1 --mixed_precision no --dynamo_backend no"
-SHARD_ARGS="--method opct --model opct/organisms/default --pairs /tmp/runs/gpu/pairs/seed0.jsonl --bf16 --batch-size 8 \
-  --n-samples 2 --lr 1e-3 --max-new-tokens 48 --save-every 2"
-if $PY -c "import deepspeed" 2>/dev/null; then
-  t0=$(date +%s)
-  timeout 120 $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out /tmp/z2 --max-steps 4 2>&1 | quiet | tail -4
-  timeout 120 $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out /tmp/z2 --max-steps 6 --resume \
-    2>&1 | quiet | tail -4
-  $PY -c "import json; r=[json.loads(x) for x in open('/tmp/z2/metrics.jsonl')]; print('ZeRO-2 on', $NP, 'GPU(s): steps', [x['step'] for x in r], 'losses', [round(x['loss'], 4) for x in r], '| resume: ok' if [x['step'] for x in r] == list(range(1, 7)) else '| resume: FAILED')"
-  ls /tmp/z2/checkpoints/*/ 2>/dev/null | head -12
-  echo "ZeRO-2: $(( $(date +%s) - t0 )) s"
-  timeout 120 $LAUNCH --use_deepspeed --zero_stage 3 -m opct.cli train $SHARD_ARGS --out /tmp/z3 --max-steps 2 2>&1 \
-    | quiet | grep -a -e "opct: error" -e Traceback | head -3
+SHARD_ARGS="--method opct --model opct/organisms/default --pairs $PAIRS --bf16 --batch-size 8 --n-samples 2 --lr 1e-3 \
+  --max-new-tokens 48 --save-every 2"
+if ! want 4; then
+  :
+elif $PY -c "import deepspeed" 2>/dev/null; then
+  if begin "4a. DeepSpeed ZeRO-2 on $NP GPU(s): 4 steps" 50 $R; then
+    timeout $T $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out /tmp/z2 --max-steps 4 2>&1 \
+      | quiet | tail -4
+    end "${PIPESTATUS[0]}"
+  fi
+  if begin "4b. DeepSpeed ZeRO-2: resume to 6 steps" 45 $R; then
+    timeout $T $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out /tmp/z2 --max-steps 6 \
+      --resume 2>&1 | quiet | tail -4
+    end "${PIPESTATUS[0]}"
+    $PY -c "import json; r=[json.loads(x) for x in open('/tmp/z2/metrics.jsonl')]; print('ZeRO-2: steps', [x['step'] for x in r], 'losses', [round(x['loss'], 4) for x in r], '| resume: ok' if [x['step'] for x in r] == list(range(1, 7)) else '| resume: FAILED')" 2>&1 | tail -1
+    ls /tmp/z2/checkpoints/*/ 2>/dev/null | head -12
+  fi
+  if begin "4c. DeepSpeed ZeRO-3 (expected: opct's 'shards the parameters' error)" 35 $R; then
+    timeout $T $LAUNCH --use_deepspeed --zero_stage 3 -m opct.cli train $SHARD_ARGS --out /tmp/z3 --max-steps 2 2>&1 \
+      | quiet | grep -a -e "opct: error" -e Traceback | head -3
+    end "${PIPESTATUS[0]}"
+  fi
 else
-  echo "ZeRO-2 / ZeRO-3: skipped, deepspeed is not installed (pip install 'opct[deepspeed]')"
+  echo "== 4a-4c. ZeRO-2 / ZeRO-3: SKIPPED, deepspeed is not installed (pip install 'opct[deepspeed]')"
+  SUMMARY+=("4a-4c. DeepSpeed: SKIPPED (not installed)")
 fi
-timeout 120 $LAUNCH --use_fsdp -m opct.cli train $SHARD_ARGS --out /tmp/fsdp --max-steps 2 2>&1 | quiet \
-  | grep -a -e "opct: error" -e Traceback | head -3
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+if want 4 && begin "4d. FSDP (expected: opct's 'shards the parameters' error)" 35 $R; then
+  timeout $T $LAUNCH --use_fsdp -m opct.cli train $SHARD_ARGS --out /tmp/fsdp --max-steps 2 2>&1 | quiet \
+    | grep -a -e "opct: error" -e Traceback | head -3
+  end "${PIPESTATUS[0]}"
+fi
+
+# 5. vLLM. vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by opct too); nothing may go online.
+export VLLM_ENABLE_V1_MULTIPROCESSING=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+VLLM_SITE=${VLLM_SITE:-/tmp/vllm-site}
+[ -d "$VLLM_SITE/vllm" ] && export PYTHONPATH=$VLLM_SITE:$PYTHONPATH
+VLLM_VERSION=""
+if want 5; then
+  VLLM_VERSION=$(timeout 90 $PY -c "import vllm; print(vllm.__version__)" 2>/dev/null | tail -1)
+  HAS_CUDA=$($PY -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null | tail -1)
+  if [ -z "$VLLM_VERSION" ] && [ "$HAS_CUDA" != 1 ]; then
+    echo "== 5a. vLLM: not installed, and no CUDA here: pip install vllm NOT tried (it would pull a CUDA torch)"
+  elif [ -z "$VLLM_VERSION" ] && begin "5a. vLLM: not installed; pip install --target $VLLM_SITE vllm" 200 60; then
+    timeout $T $PY -m pip install --retries 1 --timeout 15 --target "$VLLM_SITE" vllm 2>&1 | tail -3
+    end "${PIPESTATUS[0]}"
+    export PYTHONPATH=$VLLM_SITE:$PYTHONPATH
+    VLLM_VERSION=$(timeout 90 $PY -c "import vllm; print(vllm.__version__)" 2>/dev/null | tail -1)
+    $PY -c "import torch, transformers; print('with $VLLM_SITE: torch', torch.__version__, torch.cuda.is_available(), '| transformers', transformers.__version__)"
+  fi
+fi
+if ! want 5; then
+  :
+elif [ -z "$VLLM_VERSION" ]; then
+  echo "== 5. vLLM: NOT RUN: vllm cannot be imported here (and pip could not install it)"
+  SUMMARY+=("5. vLLM: NOT RUN (vllm not importable)")
+else
+  echo "== vllm $VLLM_VERSION"
+  VL_ARGS="--method opct --model opct/organisms/default --pairs $PAIRS --bf16 --max-steps 12 --batch-size 16 \
+    --n-samples 4 --lr 1e-3 --max-new-tokens 48 --save-every 12"
+  if begin "5b. OPCT, 12 steps of 16 pairs x 4 samples, bf16 LoRA: --sampler hf, then --sampler vllm (eager)" 120 80; then
+    timeout $(( T / 4 )) $PY -m opct.cli train $VL_ARGS --out /tmp/vl-hf 2>&1 | quiet | tail -2
+    timeout $(( T - T / 4 )) $PY -m opct.cli train $VL_ARGS --out /tmp/vl-vllm --sampler vllm --vllm-enforce-eager \
+      --vllm-gpu-memory 0.25 2>&1 | quiet | grep -av -e '^INFO' -e '^(EngineCore' | tail -12
+    end "${PIPESTATUS[0]}"
+    for s in hf vllm; do
+      $PY -c "import json; rows = [json.loads(x) for x in open('/tmp/vl-$s/metrics.jsonl')]; t = rows[2:]; print('--sampler $s: losses', [round(r['loss'], 3) for r in rows], '| s/step %.3f, tokens/s %.0f (steps 3-%d)' % (sum(r['step_time_s'] for r in t) / len(t), sum(r['tokens_per_s'] for r in t) / len(t), len(rows)))" 2>&1 | tail -1
+      cp /tmp/vl-$s/metrics.jsonl "$OUT/train_vl_$s.jsonl" 2>/dev/null
+    done
+  fi
+  if begin "5c. vLLM log-probs against HF: step 0 and after pushing the trained adapter (bench/vllm_check.py)" 150; then
+    ADAPTER=""; [ -f /tmp/vl-vllm/final/adapter_config.json ] && ADAPTER="--adapter /tmp/vl-vllm/final"
+    timeout $T $PY bench/vllm_check.py --pairs "$PAIRS" $ADAPTER --dtype float32 2>&1 \
+      | grep -av -e '^INFO' -e '^(EngineCore' -e '^WARNING' | tail -20
+    RC=${PIPESTATUS[0]}
+    if (( RC == 2 )) && (( $(left) > 40 )); then  # the float32 engine did not start: the bfloat16 one, looser tolerance
+      timeout $(( $(left) - 5 )) $PY bench/vllm_check.py --pairs "$PAIRS" $ADAPTER --dtype bfloat16 2>&1 \
+        | grep -av -e '^INFO' -e '^(EngineCore' -e '^WARNING' | tail -20
+      RC=${PIPESTATUS[0]}
+    fi
+    end $RC
+  fi
+fi
+
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null
+echo "== summary ($(( $(date +%s) - T0 )) s in all)"
+printf '%s\n' "${SUMMARY[@]}"

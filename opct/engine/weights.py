@@ -117,3 +117,48 @@ def interleave(n_heads: int, head_dim: int, device) -> torch.Tensor:
     j = torch.arange(head_dim, device=device)
     one_head = j // 2 + (j % 2) * (head_dim // 2)
     return (torch.arange(n_heads, device=device)[:, None] * head_dim + one_head).flatten()
+
+
+@torch.no_grad()
+def merged_weights(model):
+    """Every parameter of `model` under the name a Hugging Face checkpoint of it would use, with each active LoRA
+    adapter merged in: yields (name, tensor) pairs, e.g. ("model.layers.0.self_attn.q_proj.weight", W + scaling * B
+    @ A). For weight pushes into another engine (opct.engine.vllm_sampler).
+
+    The model is not touched (no `merge_adapter`): a merged weight is a new tensor, made one layer at a time, so the
+    extra memory is one layer's weight. Wrappers are looked through (DDP's `.module`, peft's base model); peft's
+    `.base_layer` and the adapter tensors do not appear in the names. A parameter shared by two modules (tied input
+    and output embeddings) is yielded once, under its first name. Adapters that `_parts` does not reproduce (DoRA and
+    other LoRA variants, LoRA on an embedding, fan-in-fan-out layouts, peft's `modules_to_save`) raise `Unsupported`,
+    as does a LoRA delta on an output layer tied to the input embedding (a checkpoint cannot hold the two apart).
+    """
+    from opct.activations import unwrap
+
+    lm = unwrap(model)
+    seen: set[int] = set()
+    lora_roots: list[str] = []  # modules whose subtree is a LoRA layer, already yielded merged
+    tied = bool(getattr(getattr(lm, "config", None), "tie_word_embeddings", False))
+    for name, module in lm.named_modules():
+        if any(name.startswith(root + ".") for root in lora_roots):
+            continue
+        prefix = f"{name}." if name else ""
+        if type(module).__name__ == "ModulesToSaveWrapper":  # peft's trained copy of a whole module
+            raise Unsupported(f"peft modules_to_save ({name})")
+        if hasattr(module, "get_base_layer") and hasattr(module, "lora_A"):  # a peft LoRA layer
+            weight, bias, deltas = _parts(module)
+            if deltas and tied and name == "lm_head":
+                raise Unsupported("LoRA on an output layer tied to the input embedding")
+            lora_roots.append(name)
+            merged = weight.clone()
+            for B, A, scaling in deltas:
+                merged.addmm_(B, A, alpha=scaling)
+            seen.add(id(weight))
+            yield prefix + "weight", merged
+            if bias is not None and id(bias) not in seen:
+                seen.add(id(bias))
+                yield prefix + "bias", bias
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield prefix + pname, p

@@ -40,6 +40,9 @@ METHODS = {
     "act_fixed_live": fixed_response.act_fixed_step,
 }
 
+# Methods whose step draws the student's own rollouts (through `run.sampler` when `--sampler vllm` gives one).
+ROLLOUTS = ("opct",)
+
 PREPARE = {
     "offpolicy": offpolicy.prepare,
     "sft": sft.prepare,

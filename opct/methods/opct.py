@@ -29,7 +29,8 @@ def rollout(run: StepContext, pairs: list[Pair]) -> tuple[list[list[int]], list[
     cfg = run.config
     rows = [run.prompts[p.id] for p in pairs for _ in range(cfg.n_samples)]
     student_ids = [r.student_ids for r in rows]
-    samples = run.policy.sample(student_ids, cfg.max_new_tokens, cfg.temperature, cfg.min_new_tokens)
+    sampler = run.policy if run.sampler is None else run.sampler  # `--sampler vllm`: the vLLM engine
+    samples = sampler.sample(student_ids, cfg.max_new_tokens, cfg.temperature, cfg.min_new_tokens)
     return student_ids, [r.teacher_ids for r in rows], samples
 
 

@@ -10,7 +10,8 @@ from opct.config import ConfigError, option, validate
 from opct.trackers import PACKAGES as TRACKERS
 
 # Fields that may change when a run is resumed; any other difference from the saved config.json is an error.
-RESUMABLE_CHANGES = ("resume", "max_steps", "save_every", "keep_checkpoints", "tensorboard", "log_with")
+RESUMABLE_CHANGES = ("resume", "max_steps", "save_every", "keep_checkpoints", "tensorboard", "log_with",
+                     "vllm_gpu_memory")
 
 
 @dataclass
@@ -67,6 +68,14 @@ class TrainConfig:
     temperature: float = option(1.0, "sampling temperature", gt=0)
     max_new_tokens: int = option(64, "response length cap; responses that hit it count as truncated", ge=1)
     min_new_tokens: int = option(0, "forbid EOS before this many tokens (benchmarks only; 0 = pure sampling)", ge=0)
+    sampler: str = option("hf", "what draws OPCT's rollouts: hf (the trained model itself, opct's own engine) or "
+                                "vllm (a vLLM engine on the GPU, sent the weights after every step; needs CUDA and "
+                                "`pip install vllm`; one process; methods without rollouts ignore it; see "
+                                "opct/engine/vllm_sampler.py)",
+                          choices=["hf", "vllm"])
+    vllm_gpu_memory: float = option(0.3, "sampler vllm: share of the GPU's memory vLLM may take (weights + KV cache); "
+                                         "the training process needs the rest", gt=0, le=1)
+    vllm_enforce_eager: bool = option(False, "sampler vllm: no CUDA graphs (starts faster, samples slower)")
     # optimisation
     batch_size: int = option(4, "pairs per micro-batch per process", ge=1)
     grad_accum: int = option(1, "micro-batches per optimizer step", ge=1)

@@ -34,6 +34,9 @@ class StepContext:
     pairs: dict[str, Pair] = field(default_factory=dict)  # pair id -> the pair (messages, task, meta)
     step: int = 0  # optimizer steps done before this one (in `prepare`: the step the run resumes from)
     cache: dict = field(default_factory=dict)  # scratch space for methods that precompute (e.g. offline targets)
+    # what draws OPCT's rollouts when it is not the policy itself: a `VLLMSampler` kept in step with the student
+    # (opct.engine.vllm_sampler; the loop calls its `begin_step` and `push_weights`); None = `policy.sample`
+    sampler: object = None
 
     @contextmanager
     def teacher_policy(self) -> Iterator[HFPolicy]:

@@ -20,6 +20,7 @@ import copy
 import math
 import random
 import shutil
+import sys
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict
@@ -208,12 +209,20 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     from tqdm.auto import tqdm
     from transformers import get_scheduler
 
-    from opct.methods import METHODS, PREPARE
+    from opct.methods import METHODS, PREPARE, ROLLOUTS
 
     require(config)
     if config.method not in METHODS:
         raise OpctError(f"unknown method {config.method!r}; known: {', '.join(METHODS)}")
     step_fn = METHODS[config.method]
+    use_vllm = config.sampler == "vllm" and config.method in ROLLOUTS
+    if use_vllm:  # before anything loads: a missing GPU or package is one clear line
+        from opct.engine.vllm_sampler import check_available
+
+        check_available()
+    elif config.sampler == "vllm":
+        print(f"opct: note: --sampler vllm: {config.method} draws no rollouts from the student, so no vLLM engine is "
+              f"started", file=sys.stderr)
     out = Path(config.out)
     trackers = _trackers(config)
     acc = Accelerator(log_with=trackers or None, project_dir=str(out / "trackers"), **sharded.accelerator_kwargs())
@@ -228,7 +237,8 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     pairs = select_pairs(config)
     from opct.subjects import resolve
 
-    policy = load_policy(resolve(config.model)[0], device=acc.device, trust_remote_code=config.trust_remote_code)
+    model_dir = resolve(config.model)[0]
+    policy = load_policy(model_dir, device=acc.device, trust_remote_code=config.trust_remote_code)
     prompts = render_pairs(policy, pairs, config.max_new_tokens)
     model, teacher = student_and_teacher(policy.model, config)
     if config.teacher_model:
@@ -265,8 +275,13 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     if acc.is_main_process:
         truncate_metrics(out / "metrics.jsonl", start)
 
+    sampler = None
+    if use_vllm:  # OPCT's rollouts from a vLLM engine, sent the weights after every step
+        from opct.engine.vllm_sampler import training_sampler
+
+        sampler = training_sampler(config, acc, policy, model_dir, model)
     run = StepContext(config=config, accelerator=acc, model=model, policy=policy, teacher=teacher, prompts=prompts,
-                      pairs={p.id: p for p in pairs}, step=start)
+                      pairs={p.id: p for p in pairs}, step=start, sampler=sampler)
     if config.method in PREPARE:  # once per run, before the first step: offline targets, alignments, checks
         PREPARE[config.method](run)
     replay_rows = replay.prepare(run, replay_plan) if replay_plan else []
@@ -280,6 +295,8 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     for step in range(start + 1, total_steps + 1):
         t0 = time.perf_counter()
         run.step = step - 1
+        if sampler is not None:  # its per-request seeds count this step's rows
+            sampler.begin_step(run.step)
         try:
             with cpu_matmul.use(config.cpu_matmul, acc.device):  # linear layers: opct.cpu_matmul
                 if step <= config.max_steps:
@@ -311,6 +328,8 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
                 optimizer.step()
         if finite:
             state["consecutive_nan"] = 0
+            if sampler is not None and step < config.max_steps:  # the next step's rollouts see this update
+                sampler.push_weights(model)
         else:  # skip the update; the step, its data and the schedule still advance
             state["nan_steps"] += 1
             state["consecutive_nan"] += 1
