@@ -12,9 +12,9 @@ How: `use(backend)` scopes a choice (a context variable, so nothing leaks into c
 the fused output layer of `opct.fused_kl`) to oneDNN through `_OneDNNLinear`, whose backward computes the input's
 gradient with oneDNN too and a trained weight's with torch's own matmul. Everything else goes through untouched:
 another dtype, autocast (bf16 training), a GPU, tensor subclasses, an empty batch. The sampling engine runs with
-torch-function handling off (`no_interception`): at its 8-row decode steps oneDNN was measured no faster than MKL
-(850 vs 776 us per step at 2 threads), and the mode's Python cost per call would land on each of the step's ~90
-small ops. So the choice matters for the forwards and backwards of training (student, teacher, replay, targets).
+torch-function handling off (`no_interception`: the mode's Python cost per call would land on each of a decode
+step's ~90 small ops) and picks per weight itself (`for_engine`, `dense`): large weights through oneDNN, small ones
+through the BLAS, where oneDNN's per-call cost outweighs its kernel at a decode step's 8 rows.
 
 Only training enters `use(...)` (with `TrainConfig.cpu_matmul`, default onednn, around each step); evaluation runs
 on torch's default. Torch builds without oneDNN fall back to the BLAS.
@@ -68,6 +68,25 @@ def _dnn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tens
     y = _DNN(x2 if x2.is_contiguous() else x2.contiguous(), w if w.is_contiguous() else w.contiguous(), b,
              "none", [], "")
     return y.view(*x.shape[:-1], w.shape[0])
+
+
+# The sampling engine multiplies a few rows (8 at a decode step) by each weight. There oneDNN's per-call cost outweighs
+# its faster kernel for small weights (the default organism's, at most 192 x 1024: 850 vs 776 us per decode step at 2
+# threads with every weight through oneDNN) and halves the time of large ones (SmolLM2-135M's 576 x 960 to 576 x
+# 49152 at 8 rows: 0.44-0.72x MKL's time). So the engine sends a weight to oneDNN from this many elements on.
+ENGINE_MIN_WEIGHT = 1 << 18
+
+
+def for_engine(w: torch.Tensor) -> bool:
+    """Whether the sampling engine multiplies by `w` through oneDNN (`dense`): the backend in force is oneDNN, `w`
+    is a float32 CPU matrix of at least ENGINE_MIN_WEIGHT elements."""
+    return (backend() == "onednn" and type(w) in _PLAIN and w.device.type == "cpu" and w.dtype == torch.float32
+            and w.dim() == 2 and w.numel() >= ENGINE_MIN_WEIGHT and not torch.is_autocast_enabled("cpu"))
+
+
+def dense(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x w^T + b through oneDNN, no autograd (`for_engine(w)` must hold; x float32 on the CPU, any leading shape)."""
+    return _dnn(x, w, b)
 
 
 class _OneDNNLinear(torch.autograd.Function):

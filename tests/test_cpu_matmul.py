@@ -155,3 +155,30 @@ def test_cli_flag_and_a_bad_value(tmp_path, model_dir, pairs_file, capsys):
     assert main(args + ["--out", str(tmp_path / "run2"), "--config", str(bad)]) != 0
     err = capsys.readouterr().err
     assert "cpu_matmul" in err and "Traceback" not in err
+
+
+def test_sampling_engine_sends_large_weights_to_onednn(dnn_calls):
+    """A model with weights past ENGINE_MIN_WEIGHT: under use("onednn") the engine multiplies by them through oneDNN
+    (and by the small ones through the BLAS), drawing the same tokens with log-probs equal to rounding."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from opct.engine import llama_engine
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=512, intermediate_size=1024, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                                         tie_word_embeddings=True)).eval()
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    out = {}
+    for backend in ("blas", "onednn"):
+        before = len(dnn_calls)
+        with cpu_matmul.use(backend):
+            engine = llama_engine(model)
+            torch.manual_seed(1)
+            out[backend] = engine.sample(prompts, 6, 1.0, [2], 0, 6)
+        used = len(dnn_calls) - before
+        # onednn: qkv (512 x 1536), o (512 x 512), gate_up (2048 x 512), down (512 x 1024) at prefill + 5 decode
+        # steps; the output layer (96 x 512) is below the threshold
+        assert used == (4 * 6 if backend == "onednn" else 0)
+    assert torch.equal(out["blas"][0], out["onednn"][0])
+    torch.testing.assert_close(out["onednn"][1], out["blas"][1], rtol=1e-4, atol=1e-4)

@@ -107,6 +107,7 @@ class _Layer:
     down_w: torch.Tensor
     down_b: torch.Tensor | None
     act: object
+    dnn: tuple[bool, bool, bool, bool]  # qkv, o, gate_up, down through oneDNN (`opct.cpu_matmul.for_engine`)
 
 
 def _foldable(norm: torch.nn.Module, dtype) -> bool:
@@ -168,6 +169,7 @@ class LlamaEngine:
         self.final_norm = self._norm_or_eps(inner.norm)
         self.lm_head_w, self.lm_head_b = fused([lm.lm_head], pool, "lm_head",
                                                 col_scale=self._folded_scale(inner.norm))
+        self.lm_head_dnn = cpu_matmul.for_engine(self.lm_head_w)
         self.layers = []
         for i, layer in enumerate(inner.layers):
             att, mlp = layer.self_attn, layer.mlp
@@ -177,8 +179,9 @@ class LlamaEngine:
             o_w, o_b = fused([att.o_proj], pool, f"{i}.o")
             gu_w, gu_b = fused([mlp.gate_proj, mlp.up_proj], pool, f"{i}.gate_up", col_scale=self._folded_scale(n2))
             down_w, down_b = fused([mlp.down_proj], pool, f"{i}.down")
+            dnn = tuple(cpu_matmul.for_engine(w) for w in (qkv_w, o_w, gu_w, down_w))
             self.layers.append(_Layer(self._norm_or_eps(n1), qkv_w, qkv_b, o_w, o_b, self._norm_or_eps(n2),
-                                      gu_w, gu_b, down_w, down_b, mlp.act_fn))
+                                      gu_w, gu_b, down_w, down_b, mlp.act_fn, dnn))
 
     def _folded_scale(self, norm) -> torch.Tensor | None:
         return norm.weight if _foldable(norm, self.dtype) else None
@@ -197,7 +200,7 @@ class LlamaEngine:
         rot = rot_B_T_R[:, :, None]
         end = start + T
         for layer, (k_cache, v_cache) in zip(self.layers, cache):
-            qkv = F.linear(_norm(layer.norm1, x), layer.qkv_w, layer.qkv_b)
+            qkv = _linear(_norm(layer.norm1, x), layer.qkv_w, layer.qkv_b, layer.dnn[0])
             # q and k rows are in interleaved order (see `interleave`), so the rotation is one complex multiply;
             # attention only takes dot products between q and k, which one shared reordering leaves unchanged
             qk = torch.view_as_complex(qkv[:, :(H + Hkv) * D].view(B, T, H + Hkv, D // 2, 2).float())
@@ -207,13 +210,13 @@ class LlamaEngine:
             v_cache[:, :, start:end] = v
             att = F.scaled_dot_product_attention(qk[:, :H], k_cache[:, :, :end], v_cache[:, :, :end],
                                                  attn_mask=mask_B_1_T_S, scale=self.scale, enable_gqa=H != Hkv)
-            x = _residual(x, att.transpose(1, 2).reshape(B * T, H * D), layer.o_w, layer.o_b)
-            gate, up = F.linear(_norm(layer.norm2, x), layer.gate_up_w, layer.gate_up_b).chunk(2, -1)
-            x = _residual(x, layer.act(gate) * up, layer.down_w, layer.down_b)
+            x = _residual(x, att.transpose(1, 2).reshape(B * T, H * D), layer.o_w, layer.o_b, layer.dnn[1])
+            gate, up = _linear(_norm(layer.norm2, x), layer.gate_up_w, layer.gate_up_b, layer.dnn[2]).chunk(2, -1)
+            x = _residual(x, layer.act(gate) * up, layer.down_w, layer.down_b, layer.dnn[3])
         return _norm(self.final_norm, x.view(B, T, -1)[:, -1])
 
     def _logits(self, normed_B_d) -> torch.Tensor:
-        return F.linear(normed_B_d, self.lm_head_w, self.lm_head_b).float()
+        return _linear(normed_B_d, self.lm_head_w, self.lm_head_b, self.lm_head_dnn).float()
 
     # -------------------------------------------------------------------------------------------- sampling
 
@@ -224,8 +227,8 @@ class LlamaEngine:
         `top_p` < 1). Returns (tokens_B_T, logp_B_T) on the CPU: T <= max_new_tokens (the loop stops once every row
         has an EOS); after a row's first EOS its tokens are `pad_id`. logp is the sampling distribution's (at
         temperature 0: the model's own). Torch-function modes are off inside (`opct.cpu_matmul.no_interception`:
-        at 8 rows a decode step's matmuls run no faster through oneDNN, and a mode's Python cost per op would land
-        on each of the step's ~90 small ops)."""
+        a mode's Python cost per op would land on each of a decode step's ~90 small ops); large weights go through
+        oneDNN where the training step chose it (`opct.cpu_matmul.for_engine`)."""
         with cpu_matmul.no_interception():
             return self._sample(prompts_ids, max_new_tokens, temperature, eos_ids, pad_id, min_new_tokens, top_p)
 
@@ -302,8 +305,17 @@ class LlamaEngine:
         return torch.stack(tokens, 1).cpu(), logp_B_T
 
 
-def _residual(x_N_d: torch.Tensor, h_N_k: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """x + linear(h): one matmul that accumulates onto x when there is no bias."""
+def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dnn: bool) -> torch.Tensor:
+    """F.linear, or through oneDNN (`dnn`: a weight `opct.cpu_matmul.for_engine` picked)."""
+    return cpu_matmul.dense(x, w, b) if dnn else F.linear(x, w, b)
+
+
+def _residual(x_N_d: torch.Tensor, h_N_k: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+              dnn: bool) -> torch.Tensor:
+    """x + linear(h): one matmul that accumulates onto x when there is no bias (`dnn`: oneDNN's product, then the
+    sum)."""
+    if dnn:
+        return x_N_d + cpu_matmul.dense(h_N_k, w, b)
     if b is None:
         return torch.addmm(x_N_d, h_N_k, w.t())
     return x_N_d + F.linear(h_N_k, w, b)
