@@ -19,10 +19,13 @@ model FLOPs, 2 x (linear-layer parameters) per token per forward pass, backward 
 (+2x for weights when they are trained); attention score FLOPs are left out, so this is an estimate.
 
     python bench/opct_step.py [--threads N] [--model DIR] [--rounds 3] [--steps 4] [--pairs 4] [--samples 2]
-                              [--response-len 32]
+                              [--response-len 32] [--cpu-matmul onednn|blas]
 
 --threads: intra-op threads for both trainers (torch.set_num_threads in each worker); by default torch's own choice
 (one per core), which is how either trainer runs when a user starts it. Both trainers always get the same number.
+
+--cpu-matmul: opct's `TrainConfig.cpu_matmul` (default onednn: linear layers through oneDNN, see opct/cpu_matmul.py;
+blas: torch's default, which TRL always runs on). The matmul peak printed is that of the same backend.
 
 --model defaults to the shipped default organism (opct/organisms/default) when it exists, otherwise to a tiny
 Llama built on the spot.
@@ -89,14 +92,23 @@ def make_pairs(model_dir: Path, n: int, prompt_words: int, fact_words: int, path
                                 "meta": {"family": "bench", "split": "train", "prompt": prompt, "fact": fact}}) + "\n")
 
 
-def matmul_peak(n: int = 1024, seconds: float = 1.0) -> float:
+def matmul_peak(n: int = 1024, seconds: float = 1.0, backend: str = "blas") -> float:
+    """FLOP/s of an n x n float32 matmul through torch's BLAS (MKL) or oneDNN (what --cpu-matmul onednn uses)."""
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
+    if backend == "onednn":
+        from opct import cpu_matmul
+
+        def mm():
+            return cpu_matmul.dense(a, b)  # a b^T: the same FLOPs
+    else:
+        def mm():
+            return a @ b
+    mm()
     reps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        a @ b
+        mm()
         reps += 1
     return 2 * n ** 3 * reps / (time.perf_counter() - t0)
 
@@ -282,7 +294,7 @@ def main(argv=None):
         print(f"model {a.model} ({n_linear / 1e6:.2f}M linear params); {torch.get_num_threads()} threads; "
               f"{a.pairs} pairs x {a.samples} samples x {a.response_len} response tokens per step; "
               f"prompt {s_len} tokens (teacher {t_len}); LoRA r={a.lora_r}; opct cpu_matmul {a.cpu_matmul}")
-        peak = matmul_peak()
+        peak = matmul_peak(backend=a.cpu_matmul)
         results: dict[str, dict] = {}
         round_ratios: list[float] = []
         for a.round in range(a.rounds):
@@ -345,7 +357,8 @@ def main(argv=None):
         flops = model_flops_per_step(n_linear, a, s_len, t_len)
         achieved = flops / summary(results["opct"])[1]
         print(f"opct: ~{flops / 1e9:.2f} GFLOP/step (model FLOPs), {achieved / 1e9:.2f} GFLOP/s achieved; "
-              f"fp32 matmul peak here {peak / 1e9:.1f} GFLOP/s -> {100 * achieved / peak:.1f}% of peak")
+              f"fp32 matmul peak here ({a.cpu_matmul}, 1024^3) {peak / 1e9:.1f} GFLOP/s -> "
+              f"{100 * achieved / peak:.1f}% of peak")
     return 0
 
 
