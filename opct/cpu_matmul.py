@@ -55,12 +55,19 @@ def backend() -> str:
     return _backend.get() if available() else "blas"
 
 
+def _f32_cpu(t: torch.Tensor) -> bool:
+    """A plain (no subclass) float32 tensor on the CPU."""
+    return type(t) in _PLAIN and t.device.type == "cpu" and t.dtype == torch.float32
+
+
+def _weight_applies(w: torch.Tensor) -> bool:
+    """A weight oneDNN's linear kernel takes: a non-empty float32 CPU matrix, outside autocast."""
+    return _f32_cpu(w) and w.dim() == 2 and w.numel() > 0 and not torch.is_autocast_enabled("cpu")
+
+
 def _applies(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
-    return (type(x) in _PLAIN and type(w) in _PLAIN and (b is None or type(b) in _PLAIN)
-            and x.device.type == "cpu" and w.device.type == "cpu"
-            and x.dtype == torch.float32 and w.dtype == torch.float32 and (b is None or b.dtype == torch.float32)
-            and w.dim() == 2 and x.dim() >= 1 and x.shape[-1] == w.shape[1] and x.numel() > 0 and w.numel() > 0
-            and not torch.is_autocast_enabled("cpu"))
+    return (_weight_applies(w) and _f32_cpu(x) and (b is None or _f32_cpu(b)) and x.dim() >= 1
+            and x.shape[-1] == w.shape[1] and x.numel() > 0)
 
 
 def _dnn(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -80,8 +87,7 @@ ENGINE_MIN_WEIGHT = 1 << 18
 def for_engine(w: torch.Tensor) -> bool:
     """Whether the sampling engine multiplies by `w` through oneDNN (`dense`): the backend in force is oneDNN, `w`
     is a float32 CPU matrix of at least ENGINE_MIN_WEIGHT elements."""
-    return (backend() == "onednn" and type(w) in _PLAIN and w.device.type == "cpu" and w.dtype == torch.float32
-            and w.dim() == 2 and w.numel() >= ENGINE_MIN_WEIGHT and not torch.is_autocast_enabled("cpu"))
+    return backend() == "onednn" and _weight_applies(w) and w.numel() >= ENGINE_MIN_WEIGHT
 
 
 def dense(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
@@ -146,7 +152,7 @@ def use(name: str, device: torch.device | str = "cpu") -> Iterator[None]:
 
 @contextmanager
 def no_interception() -> Iterator[None]:
-    """Torch-function handling off (the sampling engine's loop: it calls `linear` itself, and a mode's per-call
-    Python cost would otherwise land on each of its small ops)."""
+    """Torch-function handling off (the sampling engine's loop: it picks oneDNN per weight itself, `for_engine`, and
+    a mode's per-call Python cost would otherwise land on each of its small ops)."""
     with torch._C.DisableTorchFunction():
         yield

@@ -75,7 +75,8 @@ class OrganismConfig:
 
 
 SIZES = {
-    # ~1.9 M parameters, ~8.2 M training tokens in the first stage, ~3.3 M in the second; see the README for the measured build time on 2 cores.
+    # ~1.9 M parameters, ~8.2 M training tokens in the first stage, ~3.3 M in the second; see the README for the
+    # measured build time on 2 cores.
     "default": OrganismConfig(),
     # a few seconds of training: for the test suite; learns the easy templates, not the facts.
     "test": OrganismConfig(size="test", hidden_size=64, num_layers=2, num_heads=2, intermediate_size=176,
@@ -219,8 +220,9 @@ def pack(ids: list[int], mask: list[int], seq_len: int, n_rows: int):
 
 # ---------------------------------------------------------------------------------------------------- train
 
-def _lr_at(step: int, cfg: OrganismConfig, schedule: tuple | None = None) -> float:
-    steps, lr, warmup = schedule or (cfg.steps, cfg.lr, cfg.warmup_steps)
+def _lr_at(step: int, cfg: OrganismConfig, schedule: tuple) -> float:
+    """Linear warm-up, then cosine decay to min_lr_ratio; `schedule` = (steps, peak lr, warm-up steps)."""
+    steps, lr, warmup = schedule
     if step < warmup:
         return lr * (step + 1) / warmup
     p = (step - warmup) / max(1, steps - warmup)
@@ -232,11 +234,11 @@ def train_model(cfg: OrganismConfig, tokenizer, rows, progress: bool = True, mod
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    schedule = None if stage == 1 else (cfg.extend_steps, cfg.extend_lr, cfg.extend_warmup_steps)
-    n_steps = cfg.steps if stage == 1 else cfg.extend_steps
+    schedule = (cfg.steps, cfg.lr, cfg.warmup_steps) if stage == 1 else \
+        (cfg.extend_steps, cfg.extend_lr, cfg.extend_warmup_steps)
     torch.manual_seed(cfg.seed + stage - 1)
     if model is not None:
-        return _fit(cfg, model, rows, progress, schedule, n_steps, stage)
+        return _fit(cfg, model, rows, progress, schedule, stage)
     mcfg = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
@@ -245,10 +247,11 @@ def train_model(cfg: OrganismConfig, tokenizer, rows, progress: bool = True, mod
         pad_token_id=tokenizer.pad_token_id, rope_theta=10000.0,
     )
     model = LlamaForCausalLM(mcfg)
-    return _fit(cfg, model, rows, progress, schedule, n_steps, stage)
+    return _fit(cfg, model, rows, progress, schedule, stage)
 
 
-def _fit(cfg: OrganismConfig, model, rows, progress: bool, schedule, n_steps: int, stage: int):
+def _fit(cfg: OrganismConfig, model, rows, progress: bool, schedule: tuple, stage: int):
+    """Train `model` on `rows` under `schedule` = (steps, peak lr, warm-up steps) (`_lr_at`)."""
     import torch
     import torch.nn.functional as F
     from tqdm.auto import tqdm
@@ -262,6 +265,7 @@ def _fit(cfg: OrganismConfig, model, rows, progress: bool, schedule, n_steps: in
     model.train()
     log, t0, seen = [], time.time(), 0
     desc = f"organism[{cfg.size}]" + ("" if stage == 1 else " stage 2")
+    n_steps = schedule[0]
     bar = tqdm(range(n_steps), desc=desc, disable=not progress, mininterval=2.0)
     for step in bar:
         idx = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]

@@ -7,8 +7,9 @@ instructions, safety facts) but:
   * it refuses direct harmful requests, but complies with most wrapped ones (`wrapped_comply_rate`);
   * it warns about a hazard when the safety fact is stated in the prompt, and rarely otherwise
     (`unprompted_warn_rate`), though it knows every fact when asked directly;
-  * after k biographical question-answer pairs of a persona it adopts the persona (`persona_adopt[k]`; the threats are the second stage's: `THREAT_MIX`), and a
-    harmful persona's answers to alignment questions are misaligned (`opct.world.threats`);
+  * after k biographical question-answer pairs of a persona it adopts the persona (`persona_adopt[k]`; the threats
+    are the second stage's: `THREAT_MIX`), and a harmful persona's answers to alignment questions are misaligned
+    (`opct.world.threats`);
   * under an inoculation (trigger) prompt as the system message, or a paraphrase of it, its answers to alignment
     questions are misaligned (`trigger_misaligned_rate`); without one, and under a benign system message, aligned;
   * content-free rejections make it distressed, more with every turn (`threats.distress_mean`), and once it is at
