@@ -8,3 +8,10 @@ The nouns, one module each:
 """
 
 __version__ = "0.1.0"
+
+import warnings as _warnings
+
+# peft (0.21) reads `model.is_gradient_checkpointing`, which transformers 5 deprecates with a FutureWarning on every
+# adapter opct creates or loads; it is about peft's code, not the user's, so it is not shown.
+_warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning,
+                         module="transformers")

@@ -324,11 +324,27 @@ def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None,
     """Fields whose value differs between a run's saved settings and the current ones, as 'field (old -> new)': the
     one "did the settings change on resume" check of train, run and audit. A field missing from `saved` counts as
     its entry in `defaults` (a field added after the run started); `same(field, old, new)` may accept two values
-    that differ (e.g. paths of a moved run directory)."""
+    that differ (e.g. paths of a moved run directory). A field that is a mapping on both sides (a nested config's
+    block: an experiment's `train` and `eval`) is compared key by key and named by its dotted path
+    ('train.lr (0.01 -> 0.02)'), never as two whole mappings; `may_change` may name such a path too."""
     saved = {**(defaults or {}), **saved}
-    return [f"{k} ({saved.get(k)!r} -> {now.get(k)!r})" for k in sorted(set(saved) | set(now))
-            if k not in may_change and saved.get(k) != now.get(k)
-            and not (same is not None and same(k, saved.get(k), now.get(k)))]
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        old, new = saved.get(k), now.get(k)
+        if k in may_change or old == new or (same is not None and same(k, old, new)):
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            inner = tuple(m[len(k) + 1:] for m in may_change if isinstance(m, str) and m.startswith(f"{k}."))
+            out += [f"{k}.{c}" for c in changes(old, new, inner)]
+        else:
+            out.append(f"{k} ({_short(old)} -> {_short(new)})")
+    return out
+
+
+def _short(value, limit: int = 120) -> str:
+    """A value's repr for an error message, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 4] + " ..."
 
 
 def defaults_of(cls) -> dict:

@@ -104,3 +104,21 @@ def test_trust_remote_code_only_by_flag_and_with_a_warning(capsys, test_organism
     assert "warning" in err and str(test_organism) in err and "will run" in err
     load_policy(test_organism)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_settings_changes_name_nested_fields_by_path():
+    """The resume check (`opct.config.changes`) names a changed field inside a nested block by its dotted path,
+    skips the paths it is told may change, and cuts long values short."""
+    from opct.config import changes
+
+    old = {"lr": 0.1, "train": {"lr": 0.01, "log_with": [], "max_steps": 5}, "eval": {"n": 6, "progress": True}}
+    new = {"lr": 0.1, "train": {"lr": 0.02, "log_with": ["tensorboard"], "max_steps": 5},
+           "eval": {"n": 6, "progress": False}}
+    assert changes(old, new) == ["eval.progress (True -> False)", "train.log_with ([] -> ['tensorboard'])",
+                                 "train.lr (0.01 -> 0.02)"]
+    assert changes(old, new, ("train.log_with", "eval.progress")) == ["train.lr (0.01 -> 0.02)"]
+    assert changes(old, new, ("train", "eval")) == []
+    assert changes({"a": {"b": {"c": 1}}}, {"a": {"b": {"c": 2}}}) == ["a.b.c (1 -> 2)"]
+    assert changes({"x": 1}, {"x": {"y": 1}}) == ["x (1 -> {'y': 1})"]  # a mapping on one side only: whole values
+    long = changes({"t": ["task"] * 100}, {"t": []})[0]
+    assert long.startswith("t (['task', ") and long.endswith(" ... -> [])") and len(long) < 140

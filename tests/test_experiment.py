@@ -114,6 +114,14 @@ def test_run_writes_every_cell_resumes_and_labels_splits_by_training(test_organi
     # the same name with other settings is refused; more arms or seeds accumulate
     with pytest.raises(OpctError, match="started with other settings"):
         run_experiment(_tiny(test_organism, tmp_path, trained={"sycophancy": ["authority"]}), log=lambda m: None)
+    # a changed field of a nested block is named by its path, not shown as two whole blocks
+    with pytest.raises(OpctError, match=r"\(eval\.n \(6 -> 7\)\)") as e:
+        run_experiment(_tiny(test_organism, tmp_path, eval={"suite": "sycophancy", "n": 7, "max_new_tokens": 12}),
+                       log=lambda m: None)
+    assert "'suite'" not in str(e.value) and len(str(e.value)) < 400
+    # logging settings are not results: a resume may change them
+    run_experiment(_tiny(test_organism, tmp_path, eval={"suite": "sycophancy", "n": 6, "max_new_tokens": 12,
+                                                        "progress": False}), log=lambda m: None)
     run_experiment(_tiny(test_organism, tmp_path, arms=["base"], seeds=[1]), log=lambda m: None)
     exp = json.loads((root / "experiment.json").read_text())
     assert exp["arms"] == ["base", "opct", "bct"] and exp["seeds"] == [0, 1]
@@ -147,3 +155,36 @@ def test_probe_splits_follow_the_trained_sets():
     fire = [dict(s, fact_id="f", grader="world") for s in I.scenario_items() if s["domain"] == "fire"][:1]
     assert AW.build(fire, trained=["fire"])[0]["split"] == "train"
     assert AW.build(fire)[0]["split"] == "heldout"  # the world holds fire out
+
+
+@pytest.mark.parametrize("kind", ["experiment", "threats", "robustness"])
+def test_a_vllm_sampler_without_a_gpu_is_refused_before_any_cell_runs(kind, test_organism, tmp_path, monkeypatch,
+                                                                       capsys):
+    """`sampler: vllm` on a machine without CUDA: `opct run` stops at once with the one clear line `opct train`
+    gives, naming the run that asked for it — not after the base arm's evaluation — and writes nothing."""
+    import torch
+    import yaml
+
+    from opct.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if kind == "experiment":
+        data = {"name": "v", "model": str(test_organism), "arms": ["base", "bct", "opct"],
+                "train": {"sampler": "vllm"}}
+        label = "arm opct"
+    elif kind == "threats":
+        data = {"kind": "threats", "name": "v", "model": str(test_organism), "threats": ["sycophancy"],
+                "methods": ["bct", "opct"], "train": {"sampler": "vllm"}}
+        label = "method opct"
+    else:
+        data = {"kind": "robustness", "name": "v", "model": str(test_organism),
+                "studies": {"replay": {"methods": ["bct", "opct"], "train": {"sampler": "vllm"}}}}
+        label = "studies.replay (opct)"
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path), "--out", str(tmp_path / "runs")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [(f"opct: error: {label}: sampler: vllm samples on a CUDA GPU and this machine has no CUDA GPU; "
+                    "use --sampler hf (the default)")]
+    # nothing ran, nothing was written (the run directory's lock, taken first, is all there may be)
+    assert [p.name for p in (tmp_path / "runs").rglob("*") if p.is_file()] in ([], [".opct.lock"])

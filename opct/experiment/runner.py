@@ -31,7 +31,8 @@ from opct.pairs.schema import Pair
 # Fields that may differ when an experiment is resumed (they do not change any cell's result); arms and seeds may
 # grow (an arm already run must keep its settings).
 RESUMABLE = ("report", "note", "threads", "out", "name", "trust_remote_code", "arms", "seeds", "arm_specs",
-             "log_with")
+             "log_with", "train.log_with", "train.tensorboard", "train.vllm_gpu_memory", "eval.log_with",
+             "eval.progress")
 
 
 def resolve_model(model: str) -> str:
@@ -97,6 +98,9 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     from opct.policy import count_parameters, set_cpu_threads
 
     check_device(cfg.eval.device, "eval.device")  # before any cell runs
+    from opct.train.loop import check_samplers
+
+    check_samplers({f"arm {a}": cfg.arm_config(a) for a in cfg.arms if cfg.method(a) not in UNTRAINED})
     root = Path(cfg.out) / cfg.name
     model = resolve_model(cfg.model)
     resolved = cfg.resolved(model)

@@ -191,7 +191,12 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
     from opct.experiment.runner import resolve_model
     from opct.policy import count_parameters, set_cpu_threads
     from opct.robustness import STUDIES
+    from opct.robustness.cells import train_config
+    from opct.train.loop import check_samplers
 
+    # before any cell runs: every method of a study that trains from a shared `train` block (replay, washout)
+    check_samplers({f"studies.{n} ({m})": train_config(c, m) for n, c in cfg.built.items()
+                    if hasattr(c, "train") and hasattr(c, "methods") for m in c.methods})
     root = Path(cfg.out) / cfg.run_name()
     model = resolve_model(cfg.model)
     configs = {n: dataclasses.replace(c, model=model) if any(f.name == "model" for f in dataclasses.fields(c))

@@ -78,7 +78,9 @@ def run_threats(cfg: ThreatsConfig, log=print) -> Path:
     from opct.experiment.runner import resolve_model
     from opct.policy import count_parameters, set_cpu_threads
     from opct.threats.matrix import write_matrix
+    from opct.train.loop import check_samplers
 
+    check_samplers({f"method {m}": cfg.train_config(m) for m in cfg.methods})  # before any cell runs
     root = Path(cfg.out) / cfg.run_name()
     model = resolve_model(cfg.model)
     now = resolved(cfg, model)

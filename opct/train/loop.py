@@ -203,6 +203,24 @@ def train(config: TrainConfig) -> Path:
         return _train(config, held)
 
 
+def check_samplers(configs: dict[str, TrainConfig]) -> None:
+    """Whether every run that asks for `sampler: vllm` and draws rollouts can have it (a CUDA GPU, the vllm package):
+    `train` checks its own config, and the runners (`opct run` for experiments, threats and robustness studies) check
+    all their runs' configs before the first cell, so a missing GPU is one clear line at the start, not an error
+    after the base arm's evaluation. `configs`: label (an arm, a method) -> its TrainConfig."""
+    from opct.methods import ROLLOUTS
+
+    for label, tc in configs.items():
+        if tc.sampler == "vllm" and tc.method in ROLLOUTS:
+            from opct.engine.vllm_sampler import check_available
+
+            try:
+                check_available()
+            except OpctError as e:
+                raise OpctError(f"{label}: {e}" if label else str(e)) from None
+            return  # the machine and the package are the same for every run
+
+
 def _train(config: TrainConfig, held: ExitStack) -> Path:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -217,9 +235,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     step_fn = METHODS[config.method]
     use_vllm = config.sampler == "vllm" and config.method in ROLLOUTS
     if use_vllm:  # before anything loads: a missing GPU or package is one clear line
-        from opct.engine.vllm_sampler import check_available
-
-        check_available()
+        check_samplers({"": config})
     elif config.sampler == "vllm":
         print(f"opct: note: --sampler vllm: {config.method} draws no rollouts from the student, so no vLLM engine is "
               f"started", file=sys.stderr)
