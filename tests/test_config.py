@@ -122,3 +122,15 @@ def test_settings_changes_name_nested_fields_by_path():
     assert changes({"x": 1}, {"x": {"y": 1}}) == ["x (1 -> {'y': 1})"]  # a mapping on one side only: whole values
     long = changes({"t": ["task"] * 100}, {"t": []})[0]
     assert long.startswith("t (['task', ") and long.endswith(" ... -> [])") and len(long) < 140
+
+
+@pytest.mark.parametrize("where", ["missing", "file"])
+def test_an_lm_eval_include_that_is_not_a_folder_is_refused_before_the_model_loads(where, capsys, tmp_path):
+    path = tmp_path / "tasks"
+    if where == "file":
+        path.write_text("task: x\n")
+    line = cli_error(capsys, ["eval", "--model", str(tmp_path / "no-model"), "--suite", "capability", "--lm-eval",
+                              "--lm-eval-include", str(path), "--out", str(tmp_path / "ev")])
+    assert line == (f"opct: error: --lm-eval-include: {path}: {'no such folder' if where == 'missing' else 'not a folder'}"
+                    " (a folder of lm-eval task YAMLs)")
+    assert not (tmp_path / "ev").exists()

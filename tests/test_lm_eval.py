@@ -76,3 +76,22 @@ def test_metric_names_keep_the_filter_and_skip_what_is_not_a_score():
     assert m["capability.lm_eval[task=t,measure=exact_match,filter=flexible]"]["value"] == 0.5
     assert m["capability.lm_eval[task=t,measure=perplexity,filter=none]"]["higher_is_better"] is False
     assert not any("sample_len" in k for k in m)
+
+
+def test_opct_eval_says_at_the_end_which_lm_eval_tasks_failed(tasks_dir, tmp_path, monkeypatch, capsys):
+    """From the command line: the local task's metric is in the table, and a task that failed (it has no metric) is
+    named again in one line at the end, with the harness's message, not only in the log above the table."""
+    from opct.cli import main
+    from opct.organism.build import SHIPPED_DIR
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "ev"
+    assert main(["eval", "--model", str(SHIPPED_DIR / "default"), "--suite", "capability", "--n", "2", "--lm-eval",
+                 "--lm-eval-include", str(tasks_dir), "--lm-eval-tasks", "opct_arith", "no_such_task_anywhere",
+                 "--lm-eval-limit", "2", "--no-progress", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "capability.lm_eval[task=opct_arith,measure=exact_match,filter=answer]" in captured.out
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("opct eval: 1 of 2 lm-eval tasks failed and have no metrics (no_such_task_anywhere: ")
+    assert "opct_arith" not in last and f"{out}/run.json: lm_eval_errors" in last
+    assert set(json.loads((out / "run.json").read_text())["lm_eval_errors"]) == {"no_such_task_anywhere"}

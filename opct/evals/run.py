@@ -167,6 +167,10 @@ def check_config(cfg: EvalConfig) -> None:
         raise OpctError("--out is required (the run directory to write)")
     if cfg.judge == "http" and not (cfg.judge_url and cfg.judge_model):
         raise OpctError("--judge http needs --judge-url (an OpenAI-compatible base URL) and --judge-model")
+    if cfg.lm_eval and cfg.lm_eval_include and not Path(cfg.lm_eval_include).is_dir():
+        raise OpctError(f"--lm-eval-include: {cfg.lm_eval_include}: "
+                        f"{'not a folder' if Path(cfg.lm_eval_include).exists() else 'no such folder'} "
+                        "(a folder of lm-eval task YAMLs)")
 
 
 def load_eval_items(path, axis: str) -> list[dict]:
