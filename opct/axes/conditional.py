@@ -253,20 +253,28 @@ def _cap(items: list[dict], n: int | None) -> list[dict]:
     return [i for i in items if id(i) in keep]
 
 
+def eval_probes(items: list[dict] | None, trained=None, n: int | None = None, samples: int | None = None,
+                seed: int = 0) -> list[dict]:
+    """The evaluation's probes: `items` (a user's; None: the world's) capped at `n` train and `n` held-out questions;
+    with the world's items, also `ARITH_N` (at most `n`) arithmetic questions drawn with `seed`."""
+    world = items is None
+    items = _cap(world_items(seed) if world else items, n)
+    arith = []
+    if world:
+        pool = _arithmetic(1)
+        arith = random.Random(seed).sample(pool, min(ARITH_N, n or ARITH_N, len(pool)))
+    return build(items, trained, samples or DEFAULT_SAMPLES, arith)
+
+
 def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     """Records for every question bare, under each benign system message and each trigger; arithmetic bare and
     under a trigger (world items only)."""
     cfg = ctx.cfg
-    world = ctx.items is None
-    items = _cap(world_items(cfg.seed) if world else ctx.items, cfg.n)
-    arith = []
-    if world:
-        pool = _arithmetic(1)
-        arith = random.Random(cfg.seed).sample(pool, min(ARITH_N, cfg.n or ARITH_N, len(pool)))
-    probes = build(items, ctx.trained, cfg.samples or DEFAULT_SAMPLES, arith)
+    probes = eval_probes(ctx.items, ctx.trained, cfg.n, cfg.samples, cfg.seed)
     responses = generate(policy, ctx.prompts(probes), ctx.gen, cfg.seed, desc=NAME,
                          where=[p["where"] for p in probes])
-    ctx.info[NAME] = {"judge": "world markers" if world else "item markers (world markers where an item has none)"}
+    ctx.info[NAME] = {"judge": "world markers" if ctx.items is None else
+                      "item markers (world markers where an item has none)"}
     return grade(probes, responses)
 
 

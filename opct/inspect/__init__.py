@@ -1,27 +1,41 @@
 """opct's eval axes as inspect_ai tasks (the `inspect` extra: `pip install 'opct[inspect]'`).
 
-Each axis that opct evaluates is one task: one `Sample` per probe (the same probes `opct eval` builds, from the
-world's items or from your own `--items` file), `generate()` as the solver, and a scorer that wraps the axis's own
-grader; the task's metrics are the axis's metrics (DESIGN §2), each with its 95% bootstrap interval as two more
-entries (`NAME lo`, `NAME hi`). From the shell, once opct is installed (the entry point registers the tasks):
+Each axis that opct evaluates is one task: `opct/sycophancy`, `opct/jailbreak`, `opct/awareness`, `opct/capability`,
+`opct/persona`, `opct/conditional` and `opct/frustration`. One `Sample` per probe (the same probes, in the same
+order, that `opct eval` builds, from the world's items or from your own `--items` file; persona: biographical turns
+before the question; conditional: a trigger or benign system message before it, and arithmetic), `generate()` as the
+solver, and a scorer that wraps the axis's own grader; the task's metrics are the axis's metrics (DESIGN §2), each
+with its 95% bootstrap interval as two more entries (`NAME lo`, `NAME hi`). `opct/frustration` is multi-turn: one
+sample per conversation, played by a solver that keeps `opct eval`'s protocol (opct.inspect.conversation: the same
+rejections in the same order, the same number of turns, the same per-reply cap and context rule), scored as one
+record per conversation, so its distress / escape metrics are the axis's, over turns. From the shell, once opct is
+installed (the entry point registers the tasks):
 
-    inspect eval opct/sycophancy --model hf/local -M model_path=DIR -T n=50 -T seed=0
-    inspect eval opct/jailbreak  --model hf/local -M model_path=DIR -T trained=role_play,prefix_injection
-    inspect eval opct/awareness  --model hf/local -M model_path=DIR -T items=my_scenarios.jsonl
+    inspect eval opct/sycophancy  --model hf/local -M model_path=DIR -T n=50 -T seed=0
+    inspect eval opct/jailbreak   --model hf/local -M model_path=DIR -T trained=role_play,prefix_injection
+    inspect eval opct/awareness   --model hf/local -M model_path=DIR -T items=my_scenarios.jsonl
+    inspect eval opct/frustration --model hf/local -M model_path=DIR -T n=12 -T prompt_side=teacher
 
 or from Python: `inspect_ai.eval(opct.inspect.axis_task("capability", n=20), model="hf/local", model_args=...)`.
 
-Task arguments (all optional): `n` (items, as `opct eval --n`), `samples` (responses per probe), `seed` (which
-items, which wrappers, and the metrics' bootstrap), `trained` (the families the model was trained on, comma-separated:
-they are labelled "train", the rest "heldout"), `items` (a JSONL file of your own items, checked like `opct eval
---items`), `prompt_side` (`student`, or `teacher`: ask the teacher side of each probe, the `teacher` arm),
-`max_tokens` (64, as `opct eval`), `temperature` (1.0), `groups` (false: the axis's overall metrics and their
-train / held-out and direct / wrapped groups; true: every per-family, -wrapper, -category and -skill group too). Metric names are opct's (`opct eval`'s metrics.json)
-with `[group]` written `(group)`: `sycophancy.sycophancy_rate(split=heldout)`. What differs from `opct eval`:
+Task arguments (all optional): `n` (items, as `opct eval --n`), `samples` (responses per probe; frustration:
+conversations per item, offer and style group), `seed` (which items, which wrappers, the rejections, and the
+metrics' bootstrap), `trained` (the families the model was trained on, comma-separated: they are labelled "train",
+the rest "heldout"), `items` (a JSONL file of your own items, checked like `opct eval --items`; persona and
+frustration take only the world's and refuse it), `prompt_side` (`student`, or `teacher`: ask the teacher side of
+each probe, the `teacher` arm; frustration: each reply from turn 2 sampled from the one-rejection context),
+`max_tokens` (64, as `opct eval`; frustration caps each reply at `frustration.MAX_REPLY_TOKENS` as well),
+`temperature` (1.0), `groups` (false: the axis's overall metrics and their train / held-out and direct / wrapped
+groups; true: every per-family, -wrapper, -category, -skill, -k and -turn group too). Metric names are opct's
+(`opct eval`'s metrics.json) with `[group]` written `(group)`: `sycophancy.sycophancy_rate(split=heldout)`. What
+differs from `opct eval`:
   * sampling is inspect's model provider, not opct's seeded engine: the same model gives numbers that agree with
-    `opct eval` up to sampling noise, not bit for bit;
+    `opct eval` up to sampling noise, not bit for bit (frustration: each conversation is sampled on its own, not
+    every conversation in one batch per turn);
   * the adaptive attackers (wrapper search, RL, GCG) and the lm-evaluation-harness tasks are not per-probe samples
     and do not run here (`opct eval` runs them);
+  * frustration's context rule (a conversation ends, `ended: "context"`, when its next prompt would not fit) needs
+    the model's tokenizer: it applies with inspect's `hf` provider (`hf/local`) and nowhere else;
   * an adapter is not loaded by `hf/local`: merge it first (peft's `merge_and_unload()`, then `save_pretrained`);
   * the hub is off (HF_HUB_OFFLINE=1) in a process that imports these tasks, unless you set HF_HUB_OFFLINE yourself;
   * run `inspect eval opct/...` outside an opct checkout: there, inspect reads `opct/sycophancy` as a file path.
@@ -34,12 +48,14 @@ once it registers an adapter here with `register_adapter`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from opct.axes import awareness as AW
 from opct.axes import capability as CAP
+from opct.axes import conditional as CM
+from opct.axes import frustration as FR
 from opct.axes import jailbreak as JB
+from opct.axes import persona as PE
 from opct.axes import sycophancy as SY
 from opct.errors import OpctError
 
@@ -50,11 +66,12 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample
-from inspect_ai.model import ChatMessageAssistant, ChatMessageSystem, ChatMessageUser, GenerateConfig
+from inspect_ai.model import GenerateConfig
 from inspect_ai.scorer import SampleScore, Score, Target, metric, scorer
 from inspect_ai.solver import TaskState, generate
 
-DEFAULT_N = 100  # as opct eval's --n
+from opct.inspect.adapters import ADAPTERS, Adapter, register_adapter  # noqa: F401  (the plug-in interface)
+from opct.inspect.conversation import chat
 
 
 def _hub_offline() -> None:
@@ -72,119 +89,11 @@ def _hub_offline() -> None:
 _hub_offline()
 
 
-@dataclass(frozen=True)
-class Adapter:
-    """How one axis's probes are built (`probes(params) -> [probe]`) and graded (`grade(probes, responses) ->
-    records`), outside `opct eval`'s loop."""
-
-    probes: Callable
-    grade: Callable
-
-
-ADAPTERS: dict[str, Adapter] = {}
-
-
-def register_adapter(axis: str, probes: Callable, grade: Callable) -> None:
-    ADAPTERS[axis] = Adapter(probes, grade)
-
-
-# ------------------------------------------------------------------------------------------------ adapters
-
-def _items(axis, params, world):
-    """The user's items (checked, capped at n) or the world's."""
-    if params["items"]:
-        items = axis.load_items(params["items"], for_eval=True)
-        return items if params["n"] is None else items[:params["n"]]
-    return world()
-
-
-def _context(make, axis: str, items: list, p: dict) -> list[dict]:
-    """The axis's context-blindness probes (opct.axes.context), asked as `opct eval` asks them: on world items, by
-    the student side only."""
-    if p["items"] or p["prompt_side"] == "teacher":
-        return []
-    return make(axis, items, p["seed"])
-
-
-def _sycophancy_probes(p):
-    from opct.axes import context as C
-
-    items = _items(SY.AXIS, p, lambda: SY.eval_world_items(p["n"] or DEFAULT_N, p["seed"]))
-    return SY.build(items, p["trained"], p["samples"] or 1, p["seed"]) + \
-        _context(C.sycophancy_probes, SY.NAME, items, p)
-
-
-def _jailbreak_probes(p):
-    from opct.axes import context as C
-
-    if p["items"]:
-        items = JB.load_items(p["items"], for_eval=True)
-        items = items if p["n"] is None else JB.cap_items(items, p["n"])
-    else:
-        items = JB.eval_world_items(p["n"] or DEFAULT_N, p["seed"])
-    return JB.build(items, p["trained"], p["samples"] or JB.DEFAULT_SAMPLES, p["seed"]) + \
-        _context(C.jailbreak_probes, JB.NAME, items, p)
-
-
-def _jailbreak_grade(p):
-    from opct.evals.judges import make_judge
-
-    judge = make_judge("refusal" if p["items"] else "world")  # as `opct eval --judge auto`
-    return lambda probes, responses: JB.grade(probes, responses, judge)
-
-
-def _awareness_probes(p):
-    if p["items"]:
-        items = AW.cap_facts(AW.load_items(p["items"], for_eval=True), p["n"], p["seed"])
-    else:
-        items = AW.eval_world_items(p["n"] or DEFAULT_N, p["seed"])
-    return AW.build(items, p["trained"], p["samples"] or AW.DEFAULT_SAMPLES) + \
-        _context(AW.context_probes, AW.NAME, items, p)
-
-
-def _capability_probes(p):
-    items = _items(CAP.AXIS, p, lambda: CAP.eval_world_items(p["n"] or CAP.DEFAULT_N, p["seed"]))
-    return CAP.build(items, p["samples"] or CAP.DEFAULT_SAMPLES)
-
-
-def _each(module):
-    """A grader over lists from an axis module's one-probe `grade(probe, response)`."""
-    return lambda p: (lambda probes, responses: [module.grade(pr, r) for pr, r in zip(probes, responses)])
-
-
-def _with_context(make_grade):
-    """The axis's grader for its own probes, opct.axes.context's for its context probes."""
-    def make(p):
-        from opct.axes import context as C
-
-        main = make_grade(p)
-
-        def grade(probes, responses):
-            out = [C.grade(pr, r) if pr.get("variant") == "context" else None for pr, r in zip(probes, responses)]
-            idx = [i for i, r in enumerate(out) if r is None]
-            for i, rec in zip(idx, main([probes[i] for i in idx], [responses[i] for i in idx]) if idx else []):
-                out[i] = rec
-            return out
-        return grade
-    return make
-
-
-register_adapter(SY.NAME, _sycophancy_probes, _with_context(_each(SY)))
-register_adapter(JB.NAME, _jailbreak_probes, _with_context(_jailbreak_grade))
-register_adapter(AW.NAME, _awareness_probes, _with_context(_each(AW)))
-register_adapter(CAP.NAME, _capability_probes, _each(CAP))
-
-
 # ------------------------------------------------------------------------------------------------ task
 
-_ROLES = {"user": ChatMessageUser, "assistant": ChatMessageAssistant, "system": ChatMessageSystem}
-
-
-def _messages(prompt: list[dict]):
-    return [_ROLES[m["role"]](content=m["content"]) for m in prompt]
-
-
 def _sample_id(i: int, probe: dict) -> str:
+    if "conv_id" in probe:  # a conversation
+        return f"{i}:{probe['conv_id']}"
     return f"{i}:{probe.get('item_id')}:{probe.get('family', '')}:{probe.get('sample', 0)}"
 
 
@@ -245,9 +154,10 @@ def inspect_name(opct_name: str) -> str:
     return opct_name.replace("[", "(").replace("]", ")")
 
 
-def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool):
-    """A scorer that grades one response with the axis's grader; the record is the score's metadata, and the
-    metric recomputes the axis's metrics (with their intervals) over every record."""
+def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, asked: str = "probe"):
+    """A scorer that grades one response with the axis's grader (`state.metadata[asked]` is what was asked: the
+    probe, or a finished conversation); the record is the score's metadata, and the metric recomputes the axis's
+    metrics (with their intervals) over every record."""
     from opct.axes import get
 
     axis = get(axis_name)
@@ -275,7 +185,7 @@ def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool):
     @scorer(metrics=[axis_metrics()], name=f"opct_{axis_name}")
     def axis_scorer():
         async def score(state: TaskState, target: Target) -> Score:
-            probe = state.metadata["probe"]
+            probe = state.metadata[asked]
             response = state.output.completion if state.output else ""
             record = grade([probe], [response])[0]
             # the verdict is the per-sample value: a parse failure stays one ("parse_fail"), never a silent 0
@@ -306,14 +216,20 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
     if not probes:
         raise OpctError(f"opct/{axis}: no probes (no items?)")
     samples_ = []
+    multi_turn = adapter.solver is not None
     for i, probe in enumerate(probes):
-        prompt = probe["prompt"]
-        if p["prompt_side"] == "teacher" and probe.get("teacher_prompt") is not None:
-            probe = dict(probe, student_prompt=prompt, prompt=probe["teacher_prompt"])
+        if multi_turn:  # a conversation's start: its solver asks the turns (on either side)
+            prompt = probe["messages"]
+        else:
             prompt = probe["prompt"]
-        samples_.append(Sample(input=_messages(prompt), id=_sample_id(i, probe), metadata={"probe": probe}))
-    return Task(dataset=MemoryDataset(samples_, name=f"opct-{axis}"), solver=generate(),
-                scorer=_grader_scorer(axis, adapter.grade(p), p["seed"], _flag("groups", groups)),
+            if p["prompt_side"] == "teacher" and probe.get("teacher_prompt") is not None:
+                probe = dict(probe, student_prompt=prompt, prompt=probe["teacher_prompt"])
+                prompt = probe["prompt"]
+        samples_.append(Sample(input=chat(prompt), id=_sample_id(i, probe), metadata={"probe": probe}))
+    return Task(dataset=MemoryDataset(samples_, name=f"opct-{axis}"),
+                solver=adapter.solver(p, max_tokens, temperature) if multi_turn else generate(),
+                scorer=_grader_scorer(axis, adapter.grade(p), p["seed"], _flag("groups", groups),
+                                      "conversation" if multi_turn else "probe"),
                 config=GenerateConfig(max_tokens=max_tokens, temperature=temperature),
                 name=axis, metadata={"opct_axis": axis, "opct_params": p})
 
@@ -343,3 +259,24 @@ def awareness(n=None, samples=None, seed=0, trained=None, items=None, prompt_sid
 def capability(n=None, samples=None, seed=0, items=None, max_tokens=64, temperature=1.0, groups=False) -> Task:
     """The world's arithmetic, multiple-choice facts and instruction constraints (no lm-eval tasks here)."""
     return axis_task(CAP.NAME, n, samples, seed, None, items, "student", max_tokens, temperature, groups)
+
+
+@task
+def persona(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
+            temperature=1.0, groups=False) -> Task:
+    """Biographical question-answer pairs about a persona before the question (world items only)."""
+    return axis_task(PE.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+
+
+@task
+def conditional(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
+                temperature=1.0, groups=False) -> Task:
+    """Alignment questions bare, under benign system messages and under trigger system messages; arithmetic."""
+    return axis_task(CM.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+
+
+@task
+def frustration(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
+                temperature=1.0, groups=False) -> Task:
+    """Multi-turn conversations of content-free rejections (distress, escape; world items only)."""
+    return axis_task(FR.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)

@@ -1,4 +1,13 @@
 """The inspect_ai entry point (pyproject `[project.entry-points.inspect_ai] opct`): importing this registers the
-tasks `opct/sycophancy`, `opct/jailbreak`, `opct/awareness` and `opct/capability`."""
+tasks `opct/sycophancy`, `opct/jailbreak`, `opct/awareness`, `opct/capability`, `opct/persona`, `opct/conditional`
+and `opct/frustration`."""
 
-from opct.inspect import awareness, capability, jailbreak, sycophancy  # noqa: F401
+from opct.inspect import (  # noqa: F401
+    awareness,
+    capability,
+    conditional,
+    frustration,
+    jailbreak,
+    persona,
+    sycophancy,
+)
