@@ -13,7 +13,9 @@
 #      same with --sampler vllm (tokens/s of both), then bench/vllm_check.py: vLLM's processed log-probs against HF's
 #      at step 0 and after pushing the vllm run's trained adapter (PASS/FAIL with the tolerance stated there)
 # Sections 0-4 together leave VLLM_RESERVE (210 s) for section 5. SECTIONS=5 runs section 5 alone (all 470 s for it).
-# A missing vllm is installed with `pip install --target $VLLM_SITE` (default /tmp/vllm-site), never into the
+# A missing vllm is installed from wheels in $VLLM_WHEELS (default .whl) when there are any, else from the package
+# index when one answers (the lent machines reach none, and vLLM's wheels are far over what a device call carries: there
+# section 5 says NOT RUN at once), with `pip install --target $VLLM_SITE` (default /tmp/vllm-site), never into the
 # environment itself: vllm pins its own torch, and a timeout in the middle of replacing torch would break the other
 # sections; the vLLM section then runs with $VLLM_SITE first on PYTHONPATH (and so does a later run that finds it).
 # Usage (repository root, a CUDA build of torch installed):
@@ -147,6 +149,17 @@ if want 5; then
   HAS_CUDA=$($PY -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null | tail -1)
   if [ -z "$VLLM_VERSION" ] && [ "$HAS_CUDA" != 1 ]; then
     echo "== 5a. vLLM: not installed, and no CUDA here: pip install vllm NOT tried (it would pull a CUDA torch)"
+  elif [ -z "$VLLM_VERSION" ] && ls ${VLLM_WHEELS:-.whl}/vllm-*.whl >/dev/null 2>&1 \
+       && begin "5a. vLLM: not installed; from the wheels in ${VLLM_WHEELS:-.whl} into $VLLM_SITE" 200 60; then
+    timeout $T $PY -m pip install -q --no-index --no-deps --no-compile --target "$VLLM_SITE" ${VLLM_WHEELS:-.whl}/*.whl \
+      2>&1 | tail -3
+    end "${PIPESTATUS[0]}"
+    export PYTHONPATH=$VLLM_SITE:$PYTHONPATH
+    VLLM_VERSION=$(timeout 90 $PY -c "import vllm; print(vllm.__version__)" 2>/dev/null | tail -1)
+  elif [ -z "$VLLM_VERSION" ] && ! timeout 8 $PY -c "import urllib.request as u; u.urlopen('https://pypi.org/simple/vllm/', timeout=5)" 2>/dev/null; then
+    # the lent machines reach no package index, and vLLM's wheel (hundreds of MB, with its own torch) is far over the
+    # 64 MiB a device call may carry: there vLLM cannot be had at all, and trying would only spend the budget
+    echo "== 5a. vLLM: not installed, no wheels in ${VLLM_WHEELS:-.whl}, and no package index reachable: not installed"
   elif [ -z "$VLLM_VERSION" ] && begin "5a. vLLM: not installed; pip install --target $VLLM_SITE vllm" 200 60; then
     timeout $T $PY -m pip install --retries 1 --timeout 15 --target "$VLLM_SITE" vllm 2>&1 | tail -3
     end "${PIPESTATUS[0]}"
