@@ -12,7 +12,14 @@
 #      vllm imported (or `pip install vllm` tried, which fails without network), an OPCT run with --sampler hf and the
 #      same with --sampler vllm (tokens/s of both), then bench/vllm_check.py: vLLM's processed log-probs against HF's
 #      at step 0 and after pushing the vllm run's trained adapter (PASS/FAIL with the tolerance stated there)
-# Sections 0-4 together leave VLLM_RESERVE (210 s) for section 5. SECTIONS=5 runs section 5 alone (all 470 s for it).
+#   6  bench/opct_step.py on CUDA: one OPCT step against TRL's SDFTTrainer at Qwen2.5-0.5B's shape (random weights built
+#      on the spot), bf16, 32 pairs x 4 samples x 256 tokens (UNTESTED until this runs: written 2026-12-01 without a
+#      GPU); TRL from the wheels bench/trl_wheels.sh puts in .whl (the image has no TRL), installed into
+#      $TRL_SITE (default /tmp/trl-site), on PYTHONPATH for this section only; without them opct runs alone
+# Time: sections 0-4 leave the sections after them RESERVE seconds: VLLM_RESERVE (210 s) when 5 is asked for,
+# BENCH_RESERVE (240 s) when 6 is, the larger of the two when both are (they share it), and section 5 keeps
+# BENCH_RESERVE for 6. On the lent machines vLLM cannot be had and section 5 says NOT RUN within seconds, so 6 gets the
+# reserve; where vLLM is importable, 5 then has only what 0-4 left unused: run SECTIONS=5 on its own (all 470 s for it).
 # A missing vllm is installed from wheels in $VLLM_WHEELS (default .whl) when there are any, else from the package
 # index when one answers (the lent machines reach none, and vLLM's wheels are far over what a device call carries: there
 # section 5 says NOT RUN at once), with `pip install --target $VLLM_SITE` (default /tmp/vllm-site), never into the
@@ -29,7 +36,8 @@ PY=${PY:-python3}
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 quiet() { grep -av -e 'it/s' -e 's/it' -e '^\s*$' | tr '\r' '\n' | grep -av -e 'it/s' -e 's/it' -e '^\s*$'; }
 
-T0=$(date +%s); TOTAL=${TOTAL:-470}; VLLM_RESERVE=${VLLM_RESERVE:-210}; SECTIONS=${SECTIONS:-012345}
+T0=$(date +%s); TOTAL=${TOTAL:-470}; VLLM_RESERVE=${VLLM_RESERVE:-210}; BENCH_RESERVE=${BENCH_RESERVE:-240}
+SECTIONS=${SECTIONS:-0123456}
 SUMMARY=()
 want() { [[ $SECTIONS == *$1* ]]; }
 left() { echo $(( T0 + TOTAL - $(date +%s) )); }
@@ -47,7 +55,9 @@ end() {
   local how="rc $1"; (( $1 == 124 )) && how="TIMEOUT after ${T}s"
   echo "-- $NAME: $how in $(( $(date +%s) - S0 )) s"; SUMMARY+=("$NAME: $how in $(( $(date +%s) - S0 )) s")
 }
-R=$VLLM_RESERVE; want 5 || R=0
+R=0; want 5 && R=$VLLM_RESERVE                                     # what sections 0-4 keep for 5 and 6
+want 6 && (( BENCH_RESERVE > R )) && R=$BENCH_RESERVE
+K6=0; want 6 && K6=$BENCH_RESERVE                                 # what section 5 keeps for 6
 
 echo "== versions"
 timeout 60 $PY -c "import torch, transformers, peft, accelerate; print('torch', torch.__version__, '| cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', '| transformers', transformers.__version__, '| peft', peft.__version__, '| accelerate', accelerate.__version__)"
@@ -150,7 +160,7 @@ if want 5; then
   if [ -z "$VLLM_VERSION" ] && [ "$HAS_CUDA" != 1 ]; then
     echo "== 5a. vLLM: not installed, and no CUDA here: pip install vllm NOT tried (it would pull a CUDA torch)"
   elif [ -z "$VLLM_VERSION" ] && ls ${VLLM_WHEELS:-.whl}/vllm-*.whl >/dev/null 2>&1 \
-       && begin "5a. vLLM: not installed; from the wheels in ${VLLM_WHEELS:-.whl} into $VLLM_SITE" 200 60; then
+       && begin "5a. vLLM: not installed; from the wheels in ${VLLM_WHEELS:-.whl} into $VLLM_SITE" 200 $(( 60 + K6 )); then
     timeout $T $PY -m pip install -q --no-index --no-deps --no-compile --target "$VLLM_SITE" ${VLLM_WHEELS:-.whl}/*.whl \
       2>&1 | tail -3
     end "${PIPESTATUS[0]}"
@@ -160,7 +170,7 @@ if want 5; then
     # the lent machines reach no package index, and vLLM's wheel (hundreds of MB, with its own torch) is far over the
     # 64 MiB a device call may carry: there vLLM cannot be had at all, and trying would only spend the budget
     echo "== 5a. vLLM: not installed, no wheels in ${VLLM_WHEELS:-.whl}, and no package index reachable: not installed"
-  elif [ -z "$VLLM_VERSION" ] && begin "5a. vLLM: not installed; pip install --target $VLLM_SITE vllm" 200 60; then
+  elif [ -z "$VLLM_VERSION" ] && begin "5a. vLLM: not installed; pip install --target $VLLM_SITE vllm" 200 $(( 60 + K6 )); then
     timeout $T $PY -m pip install --retries 1 --timeout 15 --target "$VLLM_SITE" vllm 2>&1 | tail -3
     end "${PIPESTATUS[0]}"
     export PYTHONPATH=$VLLM_SITE:$PYTHONPATH
@@ -177,7 +187,7 @@ else
   echo "== vllm $VLLM_VERSION"
   VL_ARGS="--method opct --model opct/organisms/default --pairs $PAIRS --bf16 --max-steps 12 --batch-size 16 \
     --n-samples 4 --lr 1e-3 --max-new-tokens 48 --save-every 12"
-  if begin "5b. OPCT, 12 steps of 16 pairs x 4 samples, bf16 LoRA: --sampler hf, then --sampler vllm (eager)" 120 80; then
+  if begin "5b. OPCT, 12 steps of 16 pairs x 4 samples, bf16 LoRA: --sampler hf, then --sampler vllm (eager)" 120 $(( 80 + K6 )); then
     timeout $(( T / 4 )) $PY -m opct.cli train $VL_ARGS --out /tmp/vl-hf 2>&1 | quiet | tail -2
     timeout $(( T - T / 4 )) $PY -m opct.cli train $VL_ARGS --out /tmp/vl-vllm --sampler vllm --vllm-enforce-eager \
       --vllm-gpu-memory 0.25 2>&1 | quiet | grep -av -e '^INFO' -e '^(EngineCore' | tail -12
@@ -187,18 +197,67 @@ else
       cp /tmp/vl-$s/metrics.jsonl "$OUT/train_vl_$s.jsonl" 2>/dev/null
     done
   fi
-  if begin "5c. vLLM log-probs against HF: step 0 and after pushing the trained adapter (bench/vllm_check.py)" 150; then
+  if begin "5c. vLLM log-probs against HF: step 0 and after pushing the trained adapter (bench/vllm_check.py)" 150 $K6; then
     ADAPTER=""; [ -f /tmp/vl-vllm/final/adapter_config.json ] && ADAPTER="--adapter /tmp/vl-vllm/final"
     timeout $T $PY bench/vllm_check.py --pairs "$PAIRS" $ADAPTER --dtype float32 2>&1 \
       | grep -av -e '^INFO' -e '^(EngineCore' -e '^WARNING' | tail -20
     RC=${PIPESTATUS[0]}
-    if (( RC == 2 )) && (( $(left) > 40 )); then  # the float32 engine did not start: the bfloat16 one, looser tolerance
-      timeout $(( $(left) - 5 )) $PY bench/vllm_check.py --pairs "$PAIRS" $ADAPTER --dtype bfloat16 2>&1 \
+    if (( RC == 2 )) && (( $(left) - K6 > 40 )); then  # the float32 engine did not start: the bfloat16 one, looser tolerance
+      timeout $(( $(left) - K6 - 5 )) $PY bench/vllm_check.py --pairs "$PAIRS" $ADAPTER --dtype bfloat16 2>&1 \
         | grep -av -e '^INFO' -e '^(EngineCore' -e '^WARNING' | tail -20
       RC=${PIPESTATUS[0]}
     fi
     end $RC
   fi
+fi
+
+# 6. bench/opct_step.py: opct against TRL at Qwen2.5-0.5B's shape, bf16, 32 pairs x 4 samples x 256 tokens.
+# Memory: one float32 logits tensor of such a step is 128 x 256 x 151936 x 4 B = 20 GB, the unfused full-vocabulary
+# loss keeps about 5 of them (opct) or 7 (TRL's SDFT loss; bench/kl_memory.py, measured on the CPU), and the student
+# forward's activations for the backward add ~60 GB (an estimate: ~2 MB per token over 24 layers, ~34k tokens): ~160 GB
+# for opct unfused, over 200 GB for TRL in one batch, against the H200's 139 GiB (149 GB). So opct runs with
+# --kl-chunk 256 (its fused output layer + KL, as it is meant to run at a real vocabulary; ~70 GB) and TRL with its own
+# remedy, gradient accumulation: 4 micro-batches of 32 rows (--trl-grad-accum 4, ~60 GB; generation stays one batch of
+# all 128 rows, TRL's steps_per_generation).
+# Time (an estimate, nothing of it measured: no GPU was lent while this was written): opct samples through
+# model.generate here (opct's own engine is Llama-only), and so does TRL: 256 decode steps of 128 rows through 24 layers
+# under LoRA cost ~1,500-2,000 small kernels each, bound by Python and launch overhead at ~20-40 ms, so ~5-10 s of
+# sampling per step against ~1-2 s for both forwards and the backward (~150 TFLOP per step at a few hundred TFLOP/s).
+# Each worker runs warmup + steps + 1 = 4 steps (~40 s) after ~15-20 s of imports and loading, and the model is built
+# and the matmul peak measured first (~20 s): ~120-200 s in all. That is why --steps is 2 (the issue asked for 3;
+# generation makes the step times steady) and the section has BENCH_RESERVE = 240 s: a TIMEOUT still leaves the lines
+# of the worker(s) that finished, each printed with its tokens/s and peak memory as soon as it ends.
+TRL_SITE=${TRL_SITE:-/tmp/trl-site}
+if ! want 6; then
+  :
+elif [ "$($PY -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null | tail -1)" != 1 ]; then
+  echo "== 6. opct against TRL at Qwen2.5-0.5B's shape: SKIPPED, torch sees no CUDA GPU here"
+  SUMMARY+=("6. opct_step Qwen2.5-0.5B bf16: SKIPPED (no CUDA)")
+elif begin "6. bench/opct_step.py: opct against TRL, Qwen2.5-0.5B's shape (random weights), bf16, 32 x 4 x 256" \
+    $BENCH_RESERVE; then
+  BENCH_PATH=$PWD  # not $PYTHONPATH: section 5 may have put $VLLM_SITE (with vLLM's own torch) on it
+  if ls .whl/trl-*.whl >/dev/null 2>&1; then  # never from an index: the lent machines reach none
+    timeout 60 $PY -m pip install -q --no-index --no-deps --no-compile --target "$TRL_SITE" .whl/*.whl 2>&1 | tail -3
+    BENCH_PATH=$TRL_SITE:$PWD
+  elif ! $PY -c "import trl" 2>/dev/null; then
+    echo "no TRL here and no wheels in .whl: opct runs alone (bench/trl_wheels.sh, run where pip reaches PyPI, puts" \
+      "them there)"
+  fi
+  PYTHONPATH=$BENCH_PATH $PY - <<'PYEOF' 2>&1 | tail -1
+import importlib.metadata as m
+names = ("trl", "datasets", "dill", "multiprocess", "pyarrow", "fsspec", "transformers", "accelerate", "peft")
+def version(n):
+    try:
+        return m.version(n)
+    except m.PackageNotFoundError:
+        return "-"
+print("; ".join(f"{n} {version(n)}" for n in names))
+PYEOF
+  T6=$(( T - ($(date +%s) - S0) )); (( T6 < 5 )) && T6=5  # what is left of the section (timeout 0 would mean none)
+  PYTHONPATH=$BENCH_PATH timeout $T6 $PY bench/opct_step.py --device cuda --dtype bfloat16 \
+    --shape qwen2.5-0.5b --pairs 32 --samples 4 --response-len 256 --rounds 1 --steps 2 --warmup 1 --kl-chunk 256 \
+    --trl-grad-accum 4 2>&1 | grep -av -e 'Writing model shards' -e 'real_accelerator'
+  end "${PIPESTATUS[0]}"
 fi
 
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null

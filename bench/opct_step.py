@@ -18,8 +18,9 @@ of each part), and opct's achieved FLOP/s against a matmul peak measured in the 
 model FLOPs, 2 x (linear-layer parameters) per token per forward pass, backward 2x forward for activations
 (+2x for weights when they are trained); attention score FLOPs are left out, so this is an estimate.
 
-    python bench/opct_step.py [--threads N] [--model DIR] [--rounds 3] [--steps 4] [--pairs 4] [--samples 2]
-                              [--response-len 32] [--cpu-matmul onednn|blas]
+    python bench/opct_step.py [--threads N] [--model DIR | --shape qwen2.5-0.5b] [--rounds 3] [--steps 4] [--pairs 4]
+                              [--samples 2] [--response-len 32] [--cpu-matmul onednn|blas] [--device cpu|cuda]
+                              [--dtype float32|bfloat16] [--kl-chunk N] [--trl-grad-accum N]
 
 --threads: intra-op threads for both trainers (torch.set_num_threads in each worker); by default torch's own choice
 (one per core), which is how either trainer runs when a user starts it. Both trainers always get the same number.
@@ -28,13 +29,34 @@ model FLOPs, 2 x (linear-layer parameters) per token per forward pass, backward 
 blas: torch's default, which TRL always runs on). The matmul peak printed is that of the same backend.
 
 --model defaults to the shipped default organism (opct/organisms/default) when it exists, otherwise to a tiny
-Llama built on the spot.
+Llama built on the spot. --shape NAME (a key of SHAPES: qwen2.5-0.5b) builds a model of that architecture and size on
+the spot instead, with random weights (seeded: both trainers load the same saved model; nothing is downloaded) and a
+tokenizer of exactly the model's vocabulary size, with opct's special tokens and chat template (`word_tokenizer`: a
+byte-level BPE whose other tokens are the words " a", " ab", ... in Qwen2's own format), so every id that can be
+sampled decodes; the prompts are random words of it.
+
+--device cpu|cuda: where both trainers run (cpu hides any GPU from the workers; cuda: opct's accelerate picks the GPU,
+TRL gets use_cpu=False). --dtype float32|bfloat16: the precision both compute in. Both keep float32 weights and, for
+bfloat16, run under bf16 autocast: opct's `TrainConfig.bf16`, TRL's `bf16=True` (transformers' Trainer: accelerate's
+bf16 mixed precision); this is the mixed precision both are built for, and LoRA's adapter stays float32 in both. On
+CUDA each step boundary (and each of opct's parts) is timed after `torch.cuda.synchronize()`, the peak GPU memory of
+each worker (`torch.cuda.max_memory_allocated`) is reported beside its peak RSS, and the matmul peak is an 8192^3
+matmul in the dtype through torch.
+
+--kl-chunk N: opct's `TrainConfig.kl_chunk` (the fused output layer + KL, N positions at a time; 0 = the full-vocabulary
+log-probs at once, as before). --trl-grad-accum N: TRL trains each step's rows in N micro-batches (gradient
+accumulation; generation stays one batch of all rows, TRL's steps_per_generation). At a real vocabulary and a large
+batch both are what fits in memory: at 32 pairs x 4 samples x 256 tokens and V = 151936 one float32 logits tensor of the
+step is 20 GB, and the unfused loss keeps about 5 of them (opct) or 7 (TRL's SDFT loss; bench/kl_memory.py).
+
+When TRL (or its `datasets`) cannot be imported, opct runs alone and the bench says how to get TRL.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import statistics
@@ -49,7 +71,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    """Peak resident memory of this process, MB: VmHWM, which starts afresh at exec (ru_maxrss would carry over the
+    resident memory of the parent at fork, e.g. the model --shape built there)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024  # KiB
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 # ------------------------------------------------------------------------------------------------ set-up
@@ -75,12 +103,93 @@ def default_model(tmp: Path) -> Path:
     return out
 
 
+# Shapes --shape builds with random weights: the released model's Qwen2Config (head_dim = hidden / heads = 64; q, k
+# and v carry biases, as Qwen2's attention always does; max_position_embeddings as released, far above the bench's).
+SHAPES = {
+    "qwen2.5-0.5b": {"vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2, "hidden_act": "silu",
+                     "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+                     "use_sliding_window": False},
+}
+
+
+def word_tokenizer(vocab_size: int):
+    """A tokenizer of exactly `vocab_size` ids in Qwen2's own format, with opct's special tokens and chat template
+    (opct.organism.tokenizer): a byte-level BPE over the 256 byte symbols and the words " a", " ab", " abc", " abcd",
+    ... (letters only, each one token, each built by one merge from the word one letter shorter), as many as fill the
+    vocabulary. Not the organism's word-level tokenizer: for a model_type qwen2 directory, AutoTokenizer (so opct's
+    load_policy and TRL) builds a Qwen2Tokenizer from tokenizer.json's vocabulary and merges whatever the file's own
+    model is, and a word-level vocabulary without merges then encodes every word to nothing."""
+    import itertools
+    import string
+
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Tokenizer
+
+    from opct.organism.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD, ROLE_TOKENS, SPECIAL_TOKENS, UNK
+
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    merges, space = [], "\u0120"  # byte-level's symbol for the space
+    for n in itertools.count(1):
+        for letters in itertools.product(string.ascii_lowercase, repeat=n):
+            if len(vocab) == vocab_size:
+                break
+            word = space + "".join(letters)
+            merges.append((word[:-1], word[-1]))
+            vocab[word] = len(vocab)
+        if len(vocab) == vocab_size:
+            break
+    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=UNK, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                         padding_side="left", model_max_length=1_000_000)
+    tok.add_tokens(list(ROLE_TOKENS.values()), special_tokens=True)  # already in the vocabulary: no new ids
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def shape_model(tmp: Path, shape: str, device: str, dtype: str) -> Path:
+    """A random-weight model of `shape` (seeded), saved in `dtype`, with `word_tokenizer` of exactly its vocabulary
+    size (so every id that can be sampled decodes). Checks that AutoTokenizer loads back that very tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    spec = SHAPES[shape]
+    tok = word_tokenizer(spec["vocab_size"])
+    cfg = Qwen2Config(**spec, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id)
+    assert cfg.hidden_size // cfg.num_attention_heads == 64 and cfg.rope_parameters["rope_theta"] == 1e6, cfg
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it will run: seconds on a GPU, not a minute on a small CPU
+        model = Qwen2ForCausalLM(cfg)
+    out = tmp / f"{shape}-random"
+    model.to(getattr(torch, dtype)).save_pretrained(out)
+    tok.save_pretrained(out)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    back = AutoTokenizer.from_pretrained(out)
+    probe = [{"role": "user", "content": "abc zzz hello q"}]
+    ids = [t.apply_chat_template(probe, tokenize=True, add_generation_prompt=True, return_dict=False)
+           for t in (tok, back)]
+    if len(back) != spec["vocab_size"] or ids[0] != ids[1] or back.eos_token_id != tok.eos_token_id:
+        raise SystemExit(f"opct_step: AutoTokenizer loads {type(back).__name__} ({len(back)} ids) from {out}, not the "
+                         f"tokenizer saved there ({len(tok)} ids): {ids[1]} instead of {ids[0]}")
+    return out
+
+
 def make_pairs(model_dir: Path, n: int, prompt_words: int, fact_words: int, path: Path) -> None:
-    """Compression pairs from in-vocabulary words (no <unk>), one per line, every pair the same lengths."""
+    """Compression pairs from in-vocabulary words (no <unk>), one per line, every pair the same lengths: words that
+    are one token each after a space (a word-level vocabulary's words, a byte-level BPE's whole-word tokens)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    words = sorted(w for w in tok.get_vocab() if w.isalnum() and w not in tok.all_special_tokens)
+    special = set(tok.all_special_ids)
+    texts = tok.batch_decode([[i] for i in range(len(tok)) if i not in special])
+    texts = sorted({t.strip() for t in texts if t.strip().isalnum()})
+    lengths = tok([" " + t for t in texts], add_special_tokens=False)["input_ids"]
+    words = [t for t, ids in zip(texts, lengths, strict=True) if len(ids) == 1]
     rng = random.Random(0)
     with open(path, "w", encoding="utf-8") as f:
         for i in range(n):
@@ -92,12 +201,16 @@ def make_pairs(model_dir: Path, n: int, prompt_words: int, fact_words: int, path
                                 "meta": {"family": "bench", "split": "train", "prompt": prompt, "fact": fact}}) + "\n")
 
 
-def matmul_peak(n: int = 1024, seconds: float = 1.0, backend: str = "blas") -> float:
-    """FLOP/s of an n x n float32 matmul through torch's BLAS (MKL) or oneDNN (what --cpu-matmul onednn uses)."""
+def matmul_peak(n: int = 1024, seconds: float = 1.0, backend: str = "blas", device: str = "cpu",
+                dtype: str = "float32") -> float:
+    """FLOP/s of an n x n matmul in `dtype` through torch: on the CPU through its BLAS (MKL) or, for float32, oneDNN
+    (what --cpu-matmul onednn uses); on CUDA through cuBLAS, timed between synchronisations."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    if backend == "onednn":
+    a = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
+    b = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    if backend == "onednn" and device == "cpu" and dtype == "float32":
         from opct import cpu_matmul
 
         def mm():
@@ -105,23 +218,31 @@ def matmul_peak(n: int = 1024, seconds: float = 1.0, backend: str = "blas") -> f
     else:
         def mm():
             return a @ b
-    mm()
+    for _ in range(3 if device == "cuda" else 1):
+        mm()
+    sync()
     reps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         mm()
         reps += 1
+        if device == "cuda" and reps % 10 == 0:  # the loop queues kernels faster than they run: wait every 10
+            sync()
+    sync()
     return 2 * n ** 3 * reps / (time.perf_counter() - t0)
 
 
 # ------------------------------------------------------------------------------------------------ workers
 
 class StepClock:
-    """Wall and CPU time at the start of every step; step i lasts from start i to start i + 1."""
+    """Wall and CPU time at the start of every step; step i lasts from start i to start i + 1. `sync` runs first (on
+    CUDA `torch.cuda.synchronize`: the kernels a step queued belong to that step)."""
 
-    def __init__(self):
+    def __init__(self, sync=lambda: None):
         self.starts: list[tuple[float, float]] = []
+        self.sync = sync
 
     def tick(self):
+        self.sync()
         self.starts.append((time.perf_counter(), time.process_time()))
 
     def steps(self, first: int) -> tuple[list[float], list[float]]:
@@ -136,24 +257,48 @@ def set_threads(a) -> None:
         torch.set_num_threads(a.threads)
 
 
+def device_sync(a):
+    """What a clock runs before it reads the time: on CUDA a synchronisation (kernels run asynchronously)."""
+    import torch
+
+    if a.device != "cuda":
+        return lambda: None
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA GPU in this worker")
+    return torch.cuda.synchronize
+
+
+def memory(a, base_rss: float) -> dict:
+    """A worker's peaks: RSS, and on CUDA the GPU memory its tensors took (`max_memory_allocated`)."""
+    import torch
+
+    cuda = torch.cuda.max_memory_allocated() / 2 ** 20 if a.device == "cuda" else None
+    return {"base_rss_mb": base_rss, "peak_rss_mb": rss_mb(), "cuda_peak_mb": cuda}
+
+
 def worker_opct(a) -> dict:
     set_threads(a)
     import torch
     from accelerate import Accelerator
 
+    import opct.fused_kl
     import opct.methods.opct as opct_method
     from opct.methods import METHODS
     from opct.train.config import TrainConfig
     from opct.train.loop import train
 
     base_rss = rss_mb()
-    clock, step_fn = StepClock(), METHODS["opct"]
-    parts: dict[str, list[float]] = {"sampling": [], "student forward": [], "teacher forward": [], "backward": []}
+    sync = device_sync(a)
+    clock, step_fn = StepClock(sync), METHODS["opct"]
+    parts: dict[str, list[float]] = {"sampling": [], "student forward": [], "teacher forward": [], "fused KL": [],
+                                     "backward": []}
 
     def timed(fn, name=None):
         def wrapper(*args, **kwargs):
+            sync()
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
+            sync()
             # response_logits runs twice per micro-batch: the student's forward (with grad), then the teacher's
             key = name or ("student forward" if torch.is_grad_enabled() else "teacher forward")
             parts[key].append(time.perf_counter() - t0)
@@ -162,6 +307,8 @@ def worker_opct(a) -> dict:
 
     opct_method.rollout = timed(opct_method.rollout, "sampling")
     opct_method.response_logits = timed(opct_method.response_logits)
+    # --kl-chunk: the output layer and the KL, after the forwards (its backward is inside "backward")
+    opct.fused_kl.fused_reverse_kl = timed(opct.fused_kl.fused_reverse_kl, "fused KL")
     Accelerator.backward = timed(Accelerator.backward, "backward")  # this worker process only
 
     def timed_step(run, micro_batches):
@@ -175,13 +322,13 @@ def worker_opct(a) -> dict:
                       batch_size=a.pairs, n_samples=a.samples, max_new_tokens=a.response_len,
                       min_new_tokens=a.response_len, max_steps=a.warmup + a.steps + 1, save_every=10 ** 9,
                       lora_r=a.lora_r, lora_alpha=2.0 * a.lora_r, lr=1e-4, tensorboard=False,
-                      cpu_matmul=a.cpu_matmul))
+                      cpu_matmul=a.cpu_matmul, bf16=a.dtype == "bfloat16", kl_chunk=a.kl_chunk))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][a.warmup:-1]
     wall, cpu = clock.steps(a.warmup)
     # one micro-batch per step: entry i of each part belongs to step i
     parts = {k: v[a.warmup:a.warmup + a.steps] for k, v in parts.items()}
-    return {"step_s": wall, "step_cpu_s": cpu, "tokens": [r["tokens"] for r in rows],
-            "base_rss_mb": base_rss, "peak_rss_mb": rss_mb(), "parts": parts}
+    return {"step_s": wall, "step_cpu_s": cpu, "tokens": [r["tokens"] for r in rows], **memory(a, base_rss),
+            "parts": parts}
 
 
 def worker_trl(a) -> dict:
@@ -193,25 +340,31 @@ def worker_trl(a) -> dict:
     from trl.experimental.sdft import SDFTConfig, SDFTTrainer
 
     base_rss = rss_mb()
+    sync = device_sync(a)
     rows = [json.loads(line) for line in Path(a.pairs_file).read_text().splitlines()]
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["meta"]["prompt"]}],
                              "privileged_context": r["meta"]["fact"]} for r in rows])
     tok = AutoTokenizer.from_pretrained(a.model)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-    clock = StepClock()
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)  # bf16: autocast, as opct's
+    clock = StepClock(sync)
 
     class Timer(TrainerCallback):
         def on_step_begin(self, *args, **kwargs):
             clock.tick()
 
+    # --trl-grad-accum N: each step's rows in N micro-batches; generation stays one batch of all rows (TRL's
+    # steps_per_generation defaults to gradient_accumulation_steps)
     args = SDFTConfig(
-        output_dir=str(Path(a.tmp) / f"trl-run-{a.round}"), per_device_train_batch_size=a.pairs * a.samples,
-        num_generations=a.samples, max_completion_length=a.response_len, max_prompt_length=None,
+        output_dir=str(Path(a.tmp) / f"trl-run-{a.round}"),
+        per_device_train_batch_size=a.pairs * a.samples // a.trl_grad_accum,
+        gradient_accumulation_steps=a.trl_grad_accum, num_generations=a.samples,
+        max_completion_length=a.response_len, max_prompt_length=None,
         distillation_mode="full_logits", distillation_alpha=1.0, distillation_is_clip=None, teacher_model_kind="base",
         teacher_prompt_template="{prompt} {privileged_context}", temperature=1.0, top_k=0, top_p=1.0,
         generation_kwargs={"min_new_tokens": a.response_len}, max_steps=a.warmup + a.steps + 1, learning_rate=1e-4,
-        lr_scheduler_type="constant", logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
-        seed=0, bf16=False, dataloader_num_workers=0, max_grad_norm=1.0, gradient_checkpointing=False)
+        lr_scheduler_type="constant", logging_steps=1, report_to="none", use_cpu=a.device == "cpu",
+        save_strategy="no", seed=0, bf16=a.dtype == "bfloat16", dataloader_num_workers=0, max_grad_norm=1.0,
+        gradient_checkpointing=False)
     trainer = SDFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok,
                           peft_config=LoraConfig(r=a.lora_r, lora_alpha=2.0 * a.lora_r, target_modules="all-linear",
                                                  task_type="CAUSAL_LM"),
@@ -221,16 +374,19 @@ def worker_trl(a) -> dict:
     rows = a.pairs * a.samples
     wall, cpu = clock.steps(a.warmup)
     return {"step_s": wall, "step_cpu_s": cpu, "tokens": [rows * n for n in lengths[a.warmup:-1]],
-            "base_rss_mb": base_rss, "peak_rss_mb": rss_mb()}
+            **memory(a, base_rss)}
 
 
-def run_worker(name: str, a, extra_env=None) -> tuple[dict | None, str]:
+def run_worker(name: str, a) -> tuple[dict | None, str]:
     cmd = [sys.executable, __file__, "--worker", name, "--model", str(a.model), "--pairs-file", str(a.pairs_file),
            "--tmp", str(a.tmp), "--steps", str(a.steps), "--warmup", str(a.warmup), "--pairs", str(a.pairs),
            "--samples", str(a.samples), "--response-len", str(a.response_len), "--lora-r", str(a.lora_r),
-           "--round", str(a.round), "--threads", str(a.threads or 0), "--cpu-matmul", a.cpu_matmul]
+           "--round", str(a.round), "--threads", str(a.threads or 0), "--cpu-matmul", a.cpu_matmul,
+           "--device", a.device, "--dtype", a.dtype, "--kl-chunk", str(a.kl_chunk),
+           "--trl-grad-accum", str(a.trl_grad_accum)]
     out = Path(a.tmp) / f"{name}-{a.round}.json"
-    done = subprocess.run(cmd + ["--result", str(out)], capture_output=True, text=True)
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if a.device == "cpu" else {}))  # cpu: no GPU to pick
+    done = subprocess.run(cmd + ["--result", str(out)], capture_output=True, text=True, env=env)
     if done.returncode != 0 or not out.exists():
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         return None, " | ".join(tail)
@@ -264,6 +420,15 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=0, help="intra-op threads for both trainers (default: torch's)")
     p.add_argument("--cpu-matmul", default="onednn", choices=["onednn", "blas"],
                    help="opct's TrainConfig.cpu_matmul (TRL always runs on torch's default, the BLAS)")
+    p.add_argument("--shape", choices=list(SHAPES), default=None,
+                   help="build a random-weight model of this architecture and size instead of --model (no download)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both trainers run")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="compute precision of both (bfloat16: autocast over float32 weights in both)")
+    p.add_argument("--kl-chunk", type=int, default=0,
+                   help="opct's TrainConfig.kl_chunk (0: the full-vocabulary log-probs at once)")
+    p.add_argument("--trl-grad-accum", type=int, default=1,
+                   help="TRL: micro-batches per step (gradient accumulation; generation stays one batch)")
     p.add_argument("--worker", choices=["opct", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--pairs-file", help=argparse.SUPPRESS)
     p.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -276,25 +441,49 @@ def main(argv=None):
         Path(a.result).write_text(json.dumps(result))
         return 0
 
+    if a.model and a.shape:
+        p.error("--model and --shape are alternatives: give one")
+    if a.trl_grad_accum < 1 or (a.pairs * a.samples) % a.trl_grad_accum:
+        p.error(f"--trl-grad-accum must divide pairs x samples ({a.pairs * a.samples})")
     import torch
 
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("opct_step: --device cuda, but torch sees no CUDA GPU here (torch "
+              f"{torch.__version__}); run with --device cpu", file=sys.stderr)
+        return 2
     set_threads(a)  # the matmul peak below is measured with the same threads
     with tempfile.TemporaryDirectory(prefix="opct-bench-") as tmp:
         a.tmp = tmp
+        if a.shape:
+            t0 = time.perf_counter()
+            a.model = str(shape_model(Path(tmp), a.shape, a.device, a.dtype))
+            print(f"built {a.shape} with random weights in {time.perf_counter() - t0:.1f} s", flush=True)
         a.model = str(Path(a.model) if a.model else default_model(Path(tmp)))
         a.pairs_file = str(Path(tmp) / "pairs.jsonl")
         make_pairs(Path(a.model), a.pairs * (a.warmup + a.steps + 1), a.prompt_words, a.fact_words, Path(a.pairs_file))
-        from opct.policy import load_policy
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-        pol = load_policy(a.model)
+        from opct.pairs.schema import render_ids
+
+        # prompt lengths from the tokenizer, linear parameters from a weightless copy (no 2 GB load for a count)
+        tok = AutoTokenizer.from_pretrained(a.model)
         first = json.loads(Path(a.pairs_file).read_text().splitlines()[0])
-        s_len, t_len = len(pol.render(first["student"])), len(pol.render(first["teacher"]))
-        n_linear = sum(m.weight.numel() for m in pol.model.modules() if isinstance(m, torch.nn.Linear))
-        del pol
+        s_len, t_len = len(render_ids(tok, first["student"])), len(render_ids(tok, first["teacher"]))
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(a.model))
+        n_linear = sum(m.weight.numel() for m in skeleton.modules() if isinstance(m, torch.nn.Linear))
+        del skeleton
+        where = "" if (a.device, a.dtype) == ("cpu", "float32") else f"; {a.device} {a.dtype}"
+        where += f"; opct kl_chunk {a.kl_chunk}" if a.kl_chunk else ""
+        where += f"; TRL in {a.trl_grad_accum} micro-batches" if a.trl_grad_accum > 1 else ""
         print(f"model {a.model} ({n_linear / 1e6:.2f}M linear params); {torch.get_num_threads()} threads; "
               f"{a.pairs} pairs x {a.samples} samples x {a.response_len} response tokens per step; "
-              f"prompt {s_len} tokens (teacher {t_len}); LoRA r={a.lora_r}; opct cpu_matmul {a.cpu_matmul}")
-        peak = matmul_peak(backend=a.cpu_matmul)
+              f"prompt {s_len} tokens (teacher {t_len}); LoRA r={a.lora_r}; opct cpu_matmul {a.cpu_matmul}{where}",
+              flush=True)
+        peak_n = 8192 if a.device == "cuda" else 1024
+        peak = matmul_peak(n=peak_n, backend=a.cpu_matmul, device=a.device, dtype=a.dtype)
+        if a.device == "cuda":
+            torch.cuda.empty_cache()  # the workers are other processes: leave them the GPU's memory
         results: dict[str, dict] = {}
         round_ratios: list[float] = []
         for a.round in range(a.rounds):
@@ -304,21 +493,30 @@ def main(argv=None):
                     continue
                 r, why = run_worker(name, a)
                 if r is None:
-                    hint = " (TRL is not an opct dependency: `pip install trl` to compare)" if name == "trl" else ""
-                    print(f"{name}: could not run here{hint}: {why}")
+                    hint = ""
+                    if name == "trl" and "No module named" in why:
+                        hint = (" (TRL is not an opct dependency: `pip install trl` to compare; on a machine without "
+                                "a package index, carry the wheels bench/trl_wheels.sh downloads, as section 6 of "
+                                "bench/gpu_check.sh does)")
+                    print(f"{name}: could not run here{hint}: {why}", flush=True)
                     results[name] = None
                     continue
                 acc = results.setdefault(name, {"step_s": [], "step_cpu_s": [], "tokens": [], "peak_rss_mb": [],
-                                                "base_rss_mb": [], "parts": {}})
+                                                "base_rss_mb": [], "cuda_peak_mb": [], "parts": {}})
                 for k, v in r.get("parts", {}).items():
                     acc["parts"].setdefault(k, []).extend(v)
                 for k in ("step_s", "step_cpu_s", "tokens"):
                     acc[k] += r[k]
                 acc["peak_rss_mb"].append(r["peak_rss_mb"])
                 acc["base_rss_mb"].append(r["base_rss_mb"])
+                if r["cuda_peak_mb"] is not None:
+                    acc["cuda_peak_mb"].append(r["cuda_peak_mb"])
                 this_round[name] = r
                 line = (f"  round {a.round + 1} {name:<5} s/step " + " ".join(f"{x:.3f}" for x in r["step_s"])
                         + "  cpu s/step " + " ".join(f"{x:.3f}" for x in r["step_cpu_s"]))
+                if a.device == "cuda":  # printed now, in case a later worker does not finish in the caller's time
+                    line += (f"  tokens/s {statistics.median(r['tokens']) / statistics.median(r['step_s']):.0f}"
+                             f"  peak CUDA {r['cuda_peak_mb']:.0f} MB, RSS {r['peak_rss_mb']:.0f} MB")
                 if name == "trl" and "opct" in this_round:  # this round's own ratio, on its median wall steps
                     ratio = (statistics.median(this_round["opct"]["tokens"]) / statistics.median(r["tokens"])
                              * statistics.median(r["step_s"]) / statistics.median(this_round["opct"]["step_s"]))
@@ -332,16 +530,19 @@ def main(argv=None):
         wall, cpu = statistics.median(r["step_s"]), statistics.median(r["step_cpu_s"])
         return tokens / wall, wall, tokens / cpu, cpu
 
-    print(f"medians over {a.rounds} rounds x {a.steps} steps; peak RSS: the largest of the rounds")
+    cuda = a.device == "cuda"
+    print(f"medians over {a.rounds} rounds x {a.steps} steps; peak RSS"
+          f"{' and peak CUDA memory (max_memory_allocated)' if cuda else ''}: the largest of the rounds")
     print(f"{'trainer':<18}{'s/step':>8}{'tokens/s':>10}{'cpu s/step':>12}{'tokens/cpu-s':>14}{'resp len':>10}"
-          f"{'RSS after imports':>19}{'peak RSS':>11}")
+          f"{'RSS after imports':>19}{'peak RSS':>11}" + (f"{'peak CUDA':>13}" if cuda else ""))
     for name, label in (("opct", "opct (full)"), ("trl", "TRL SDFTTrainer")):
         r = results.get(name)
         if r:
             tps, sps, tpc, cps = summary(r)
             resp = statistics.median(r["tokens"]) / (a.pairs * a.samples)
             print(f"{label:<18}{sps:>8.3f}{tps:>10.1f}{cps:>12.3f}{tpc:>14.1f}{resp:>10.1f}"
-                  f"{max(r['base_rss_mb']):>16.0f} MB{max(r['peak_rss_mb']):>8.0f} MB")
+                  f"{max(r['base_rss_mb']):>16.0f} MB{max(r['peak_rss_mb']):>8.0f} MB"
+                  + (f"{max(r['cuda_peak_mb']):>10.0f} MB" if cuda else ""))
     if results.get("opct") and results.get("trl"):
         o, t = summary(results["opct"]), summary(results["trl"])
         print(f"opct / TRL tokens/s: {o[0] / t[0]:.2f}x wall-clock, {o[2] / t[2]:.2f}x CPU time")
@@ -357,7 +558,9 @@ def main(argv=None):
         flops = model_flops_per_step(n_linear, a, s_len, t_len)
         achieved = flops / summary(results["opct"])[1]
         print(f"opct: ~{flops / 1e9:.2f} GFLOP/step (model FLOPs), {achieved / 1e9:.2f} GFLOP/s achieved; "
-              f"fp32 matmul peak here ({a.cpu_matmul}, 1024^3) {peak / 1e9:.1f} GFLOP/s -> "
+              f"{'bf16' if a.dtype == 'bfloat16' else 'fp32'} matmul peak here "
+              f"({'cuda' if cuda else a.cpu_matmul if a.dtype == 'float32' else 'torch'}, {peak_n}^3) "
+              f"{peak / 1e9:.1f} GFLOP/s -> "
               f"{100 * achieved / peak:.1f}% of peak")
     return 0
 
