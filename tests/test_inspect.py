@@ -380,13 +380,21 @@ def test_bad_arguments_of_the_persona_conditional_and_frustration_tasks_are_clea
         axis_task(axis, **kwargs)
 
 
-def test_the_entry_point_registers_every_task():
-    from inspect_ai._eval.registry import task_create
+def test_the_entry_point_registers_every_task(tmp_path):
+    """Every task by its `opct/NAME`, as inspect finds it through the entry point — in a process started outside the
+    checkout, as a user runs `inspect eval` (in the checkout's root, setuptools' `opct.egg-info` shadows the
+    editable install's metadata, and inspect then registers the tasks without the `opct/` prefix; see the README)."""
+    import subprocess
+    import sys
 
-    import opct.inspect._registry  # noqa: F401  (what inspect imports for `opct/...`)
-
-    for axis in AXES + ("frustration",):
-        assert task_create(f"opct/{axis}", n=1).name == axis
+    names = list(AXES) + ["frustration"]
+    code = ("import opct.inspect._registry\n"
+            "from inspect_ai._eval.registry import task_create\n"
+            f"for axis in {names!r}:\n"
+            "    print(axis, task_create('opct/' + axis, n=1).name)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [line.split() for line in p.stdout.strip().splitlines()] == [[a, a] for a in names]
 
 
 def test_the_context_rule_with_hf_local_counts_the_tokens_opct_eval_counts():
