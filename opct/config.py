@@ -326,7 +326,8 @@ def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None,
     its entry in `defaults` (a field added after the run started); `same(field, old, new)` may accept two values
     that differ (e.g. paths of a moved run directory). A field that is a mapping on both sides (a nested config's
     block: an experiment's `train` and `eval`) is compared key by key and named by its dotted path
-    ('train.lr (0.01 -> 0.02)'), never as two whole mappings; `may_change` may name such a path too."""
+    ('train.lr (0.01 -> 0.02)'), never as two whole mappings; `may_change` may name such a path too, and a mapping
+    in `defaults` is that block's defaults (a TrainConfig field added after an experiment started)."""
     saved = {**(defaults or {}), **saved}
     out = []
     for k in sorted(set(saved) | set(now)):
@@ -335,7 +336,9 @@ def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None,
             continue
         if isinstance(old, dict) and isinstance(new, dict):
             inner = tuple(m[len(k) + 1:] for m in may_change if isinstance(m, str) and m.startswith(f"{k}."))
-            out += [f"{k}.{c}" for c in changes(old, new, inner)]
+            inner_defaults = (defaults or {}).get(k)
+            out += [f"{k}.{c}" for c in changes(old, new, inner,
+                                                inner_defaults if isinstance(inner_defaults, dict) else None)]
         else:
             out.append(f"{k} ({_short(old)} -> {_short(new)})")
     return out

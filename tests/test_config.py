@@ -120,6 +120,10 @@ def test_settings_changes_name_nested_fields_by_path():
     assert changes(old, new, ("train", "eval")) == []
     assert changes({"a": {"b": {"c": 1}}}, {"a": {"b": {"c": 2}}}) == ["a.b.c (1 -> 2)"]
     assert changes({"x": 1}, {"x": {"y": 1}}) == ["x (1 -> {'y': 1})"]  # a mapping on one side only: whole values
+    # a block's field missing from the saved settings counts as the block's default
+    assert changes({"train": {"lr": 0.1}}, {"train": {"lr": 0.1, "new": 3}}, defaults={"train": {"new": 3}}) == []
+    assert changes({"train": {"lr": 0.1}}, {"train": {"lr": 0.1, "new": 4}}, defaults={"train": {"new": 3}}) == \
+        ["train.new (3 -> 4)"]
     long = changes({"t": ["task"] * 100}, {"t": []})[0]
     assert long.startswith("t (['task', ") and long.endswith(" ... -> [])") and len(long) < 140
 

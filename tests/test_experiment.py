@@ -122,6 +122,18 @@ def test_run_writes_every_cell_resumes_and_labels_splits_by_training(test_organi
     # logging settings are not results: a resume may change them
     run_experiment(_tiny(test_organism, tmp_path, eval={"suite": "sycophancy", "n": 6, "max_new_tokens": 12,
                                                         "progress": False}), log=lambda m: None)
+    # an experiment started before a block's field existed resumes (the missing field counts as its default) ...
+    saved = json.loads((root / "experiment.json").read_text())
+    del saved["train"]["cpu_matmul"], saved["eval"]["prompt_side"]
+    (root / "experiment.json").write_text(json.dumps(saved))
+    run_experiment(_tiny(test_organism, tmp_path), log=lambda m: None)
+    # ... but not when the run now asks for another value of it
+    saved["train"].pop("cpu_matmul", None)
+    (root / "experiment.json").write_text(json.dumps(saved))
+    with pytest.raises(OpctError, match=r"train\.cpu_matmul \('onednn' -> 'blas'\)"):
+        run_experiment(_tiny(test_organism, tmp_path, train={"max_steps": 2, "batch_size": 2, "n_samples": 2,
+                                                             "max_new_tokens": 12, "save_every": 1, "lr": 1e-3,
+                                                             "cpu_matmul": "blas"}), log=lambda m: None)
     run_experiment(_tiny(test_organism, tmp_path, arms=["base"], seeds=[1]), log=lambda m: None)
     exp = json.loads((root / "experiment.json").read_text())
     assert exp["arms"] == ["base", "opct", "bct"] and exp["seeds"] == [0, 1]
