@@ -21,10 +21,11 @@ engine 0.25 [3e-2]. Why: HF runs in float32. vLLM in float32 keeps torch's matmu
 (VLLM_FLOAT32_MATMUL_PRECISION defaults to "highest" in 0.33), but its float32 attention backends (Triton, Flex) are
 Triton kernels whose dots may run in TF32 (10-bit mantissa, ~5e-4 relative per product: ~5e-3 on logits of
 magnitude ~10); in bfloat16 (8-bit mantissa, ~4e-3 relative per op) logit errors of 0.05-0.1 are expected. The
-controls measured on the default organism with the HF model standing in for vLLM (a CPU dry run of this script, tests/fake_vllm.py): raw vs processed log-probs
-differ by 9e-2 [4e-3] at T = 0.7 (the organism is confident: most sampled tokens have p near 1) and by 5 [5e-2] at
-T = 1.5; an un-pushed trained adapter (3 OPCT steps) leaves 0.9 [5e-2], the random deltas 3-12 [0.6-7]. So in
-float32 every line can tell; in bfloat16 the T = 0.7 line cannot, the T = 1.5 one can.
+controls measured on the default organism with the HF model standing in for vLLM (a CPU dry run of this script,
+tests/fake_vllm.py): raw vs processed log-probs differ by 9e-2 [4e-3] at T = 0.7 (the organism is confident: most
+sampled tokens have p near 1) and by 5 [5e-2] at T = 1.5; an un-pushed trained adapter (3 OPCT steps) leaves 0.9
+[5e-2], the random deltas 3-12 [0.6-7]. So in float32 every line can tell; in bfloat16 the T = 0.7 line cannot, the
+T = 1.5 one can.
 """
 
 from __future__ import annotations

@@ -350,6 +350,12 @@ def _short(value, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit - 4] + " ..."
 
 
+def block_defaults(saved: dict, **blocks) -> dict:
+    """`changes`' defaults for the nested config blocks (name -> config class) that `saved` holds: a field added to
+    a block after the run started counts as that field's default."""
+    return {name: defaults_of(cls) for name, cls in blocks.items() if isinstance(saved.get(name), dict)}
+
+
 def defaults_of(cls) -> dict:
     """Each field's default value (fields without one are left out)."""
     out = {}

@@ -135,6 +135,6 @@ def test_an_lm_eval_include_that_is_not_a_folder_is_refused_before_the_model_loa
         path.write_text("task: x\n")
     line = cli_error(capsys, ["eval", "--model", str(tmp_path / "no-model"), "--suite", "capability", "--lm-eval",
                               "--lm-eval-include", str(path), "--out", str(tmp_path / "ev")])
-    assert line == (f"opct: error: --lm-eval-include: {path}: {'no such folder' if where == 'missing' else 'not a folder'}"
-                    " (a folder of lm-eval task YAMLs)")
+    problem = "no such folder" if where == "missing" else "not a folder"
+    assert line == f"opct: error: --lm-eval-include: {path}: {problem} (a folder of lm-eval task YAMLs)"
     assert not (tmp_path / "ev").exists()

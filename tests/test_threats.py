@@ -120,6 +120,13 @@ def test_resume_skips_finished_cells_and_refuses_changed_settings(tiny_run, tmp_
     changed.write_text(yaml.safe_dump(data))
     with pytest.raises(OpctError, match=r"train\.lr \(0\.01 -> 0\.02\)"):
         run_threats(load_threats(changed), log=lambda m: None)
+    # a run started before a train / eval field existed resumes: the missing field counts as its default
+    settings = root / "threats.json"
+    saved = json.loads(settings.read_text())
+    del saved["train"]["cpu_matmul"], saved["eval"]["prompt_side"]
+    settings.write_text(json.dumps(saved))
+    run_threats(load_threats(path), log=lambda m: None)
+    assert json.loads(settings.read_text())["train"]["cpu_matmul"] == "onednn"  # written back whole
 
 
 def test_report_files(tiny_run):

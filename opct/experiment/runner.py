@@ -78,14 +78,14 @@ def _previous_experiment(root: Path, resolved: dict) -> dict:
     old = read_json(path, "experiment")
     if not isinstance(old, dict):
         raise OpctError(f"{path}: not an experiment (expected a JSON object); delete it to start the experiment again")
-    from opct.config import defaults_of
+    from opct.config import block_defaults
     from opct.evals.attack import AttackConfig
     from opct.evals.run import EvalConfig
     from opct.train.config import TrainConfig
 
     # a field added to a block after the experiment started counts as its default: the experiment still resumes
-    blocks = {"train": defaults_of(TrainConfig), "eval": defaults_of(EvalConfig), "attack": defaults_of(AttackConfig)}
-    changed = changes(old, resolved, RESUMABLE, {k: v for k, v in blocks.items() if k in old})
+    changed = changes(old, resolved, RESUMABLE,
+                      block_defaults(old, train=TrainConfig, eval=EvalConfig, attack=AttackConfig))
     specs = old.get("arm_specs") or {}
     changed += [f"arm {a} ({specs[a]!r} -> {s!r})" for a, s in resolved["arm_specs"].items()
                 if a in specs and specs[a] != s]

@@ -38,7 +38,8 @@ differs from `opct eval`:
     the model's tokenizer: it applies with inspect's `hf` provider (`hf/local`) and nowhere else;
   * an adapter is not loaded by `hf/local`: merge it first (peft's `merge_and_unload()`, then `save_pretrained`);
   * the hub is off (HF_HUB_OFFLINE=1) in a process that imports these tasks, unless you set HF_HUB_OFFLINE yourself;
-  * run `inspect eval opct/...` outside an opct checkout: there, inspect reads `opct/sycophancy` as a file path.
+  * run `inspect eval opct/...` outside an opct checkout: there, inspect reads `opct/sycophancy` as a file path, and
+    the checkout's `opct.egg-info` hides the editable install from inspect, which registers the tasks unprefixed.
 The context-blindness probes (opct.axes.context) are samples too, as `opct eval` asks them (world items, student
 side). The `prefill` axis is not a task: its prompts end inside the assistant's turn, and inspect's `hf/local`
 provider closes an assistant message instead of continuing it. A plug-in axis (opct.axes.register) becomes a task

@@ -144,25 +144,17 @@ def _study_changes(name: str, saved: dict, now: dict) -> list[str]:
     """What differs in one study's settings, field by field; inside its `train` / `eval` blocks, key by key. A field
     added to the study's Config, TrainConfig or EvalConfig after the run started counts as its default (so a run
     started before a new option existed resumes)."""
-    from opct.config import defaults_of
+    from opct.config import block_defaults, defaults_of
     from opct.evals.run import EvalConfig
     from opct.robustness import STUDIES
     from opct.train.config import TrainConfig
 
     module = STUDIES.get(name)
     defaults = defaults_of(module.Config) if module is not None and hasattr(module, "Config") else {}
-    nested = {"train": defaults_of(TrainConfig), "eval": defaults_of(EvalConfig)}
-    out = []
-    for k in sorted(set(saved) | set(now)):
-        if k == "model":
-            continue
-        old_v, new_v = saved.get(k, defaults.get(k)), now.get(k, defaults.get(k))
-        if k in nested and isinstance(old_v, dict) and isinstance(new_v, dict):
-            out += [f"studies.{name}.{k}.{x}" for x in changes(old_v, new_v, ("model", "out", "seed"),
-                                                                defaults=nested[k])]
-        elif old_v != new_v:
-            out.append(f"studies.{name}.{k} ({old_v!r} -> {new_v!r})")
-    return out
+    # the runner sets the blocks' model, out and seed itself
+    runner_set = ("model",) + tuple(f"{b}.{f}" for b in ("train", "eval") for f in ("model", "out", "seed"))
+    return [f"studies.{name}.{c}" for c in
+            changes(saved, now, runner_set, {**defaults, **block_defaults(saved, train=TrainConfig, eval=EvalConfig)})]
 
 
 def _previous(root: Path, resolved: dict) -> dict:

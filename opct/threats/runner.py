@@ -12,7 +12,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from opct.config import changes
+from opct.config import block_defaults, changes
 from opct.errors import OpctError
 from opct.files import read_json, write_json_atomic
 from opct.threats.config import KIND, ThreatsConfig, no_signal_methods
@@ -42,9 +42,13 @@ def _previous(root: Path, now: dict) -> dict:
     old = read_json(path, "threats run")
     if not isinstance(old, dict) or old.get("kind") != KIND:
         raise OpctError(f"{path}: not a threats run's settings; use another --name or delete {root}")
-    changed = changes(old, now, RESUMABLE + ("no_signal", "eval_trained", "train", "eval"))
-    for block in ("train", "eval"):  # key by key, so the error names the field
-        changed += [f"{block}.{c}" for c in changes(old.get(block) or {}, now[block], ("log_with", "progress"))]
+    from opct.evals.run import EvalConfig
+    from opct.train.config import TrainConfig
+
+    # `changes` names a block's field by its path (train.lr); a field added after the run started is its default
+    changed = changes(old, now, RESUMABLE + ("no_signal", "eval_trained", "train.log_with", "train.progress",
+                                             "eval.log_with", "eval.progress"),
+                      block_defaults(old, train=TrainConfig, eval=EvalConfig))
     for t, fams in now["trained"].items():  # a threat already run keeps its families
         if t in old.get("trained", {}) and old["trained"][t] != fams:
             changed.append(f"trained.{t} ({old['trained'][t]!r} -> {fams!r})")
