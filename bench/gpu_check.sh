@@ -7,7 +7,8 @@
 #   2  full fine-tuning, bf16, gradient checkpointing
 #   3  the OPCT step's throughput at 32 pairs x 4 samples, bf16, LoRA
 #   4  sharded launches: DeepSpeed ZeRO-2 (train, resume), ZeRO-3 and FSDP (both refused by opct for now: each should
-#      stop with opct's 'shards the parameters' error, rc 1, no traceback)
+#      stop with opct's 'shards the parameters' error, rc 1, and no traceback through opct's code: the only lines
+#      shown are opct's error and any `File ".../opct/...` frame; the launcher's own ChildFailedError is not shown)
 #   5  the vLLM sampler (opct/engine/vllm_sampler.py; UNTESTED until this runs: written 2026-12-01 without a GPU):
 #      vllm imported (or `pip install vllm` tried, which fails without network), an OPCT run with --sampler hf and the
 #      same with --sampler vllm (tokens/s of both), then bench/vllm_check.py: vLLM's processed log-probs against HF's
@@ -27,7 +28,8 @@
 # sections; the vLLM section then runs with $VLLM_SITE first on PYTHONPATH (and so does a later run that finds it).
 # Usage (repository root, a CUDA build of torch installed):
 #     OUT=/tmp/gpu-check bash bench/gpu_check.sh            # or SECTIONS=05 ... for some sections only
-# Results: $OUT/gpu_check.log, the experiment's results.md and report.html, and train metrics.
+# Results: $OUT/gpu_check.log, the experiment's results.md and report.html, and train metrics; the run directories
+# themselves in a fresh /tmp/gpu-check-work.XXXXXX per invocation (so a rerun on a warm machine starts clean).
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -61,6 +63,10 @@ K6=0; want 6 && K6=$BENCH_RESERVE                                 # what section
 
 echo "== versions"
 timeout 60 $PY -c "import torch, transformers, peft, accelerate; print('torch', torch.__version__, '| cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', '| transformers', transformers.__version__, '| peft', peft.__version__, '| accelerate', accelerate.__version__)"
+# every run directory of this invocation, fresh: a rerun on a warm machine must neither find the last run's directories
+# ("already holds a run") nor print their metrics as its own
+WORK=$(mktemp -d /tmp/gpu-check-work.XXXXXX)
+echo "run directories: $WORK"
 PAIRS=$OUT/pairs.jsonl  # sycophancy pairs for sections 2-5 (section 1 makes its own)
 $PY -m opct.cli pairs make --axis sycophancy --out "$PAIRS" --per-family 16 | tail -1
 
@@ -85,36 +91,36 @@ end $?
 fi
 
 if want 1 && begin "1. the demo experiment on CUDA (train bf16, eval on cuda)" 100 $R; then
-cat > /tmp/gpu.yaml <<YAML
+cat > $WORK/gpu.yaml <<YAML
 name: gpu
-out: /tmp/runs
+out: $WORK/runs
 train: {max_steps: 200, batch_size: 8, n_samples: 2, lr: 0.001, max_new_tokens: 48, save_every: 50, bf16: true}
 eval: {n: 100, device: cuda}
 YAML
-timeout $T $PY -m opct.cli run /tmp/gpu.yaml 2>&1 | quiet | tail -40
+timeout $T $PY -m opct.cli run $WORK/gpu.yaml 2>&1 | quiet | tail -40
 end "${PIPESTATUS[0]}"
-cp /tmp/runs/gpu/results.md /tmp/runs/gpu/report.html "$OUT/" 2>/dev/null
-for a in opct bct; do cp /tmp/runs/gpu/$a/0/train/metrics.jsonl "$OUT/train_$a.jsonl" 2>/dev/null; done
+cp $WORK/runs/gpu/results.md $WORK/runs/gpu/report.html "$OUT/" 2>/dev/null
+for a in opct bct; do cp $WORK/runs/gpu/$a/0/train/metrics.jsonl "$OUT/train_$a.jsonl" 2>/dev/null; done
 fi
 
 if want 2 && begin "2. full fine-tuning, bf16, gradient checkpointing (10 OPCT steps)" 40 $R; then
-timeout $T $PY -m opct.cli train --method opct --model opct/organisms/default --pairs "$PAIRS" --out /tmp/ft --no-lora \
+timeout $T $PY -m opct.cli train --method opct --model opct/organisms/default --pairs "$PAIRS" --out $WORK/ft --no-lora \
   --bf16 --gradient-checkpointing --max-steps 10 --batch-size 8 --n-samples 2 --lr 1e-5 --max-new-tokens 48 \
   --save-every 5 2>&1 | quiet | tail -5
 end "${PIPESTATUS[0]}"
-$PY -c "import json; rows = [json.loads(x) for x in open('/tmp/ft/metrics.jsonl')]; print('full FT losses:', [round(r['loss'], 4) for r in rows], 'tokens/s:', round(sum(r['tokens_per_s'] for r in rows[2:]) / max(1, len(rows[2:]))))" 2>&1 | tail -1
+$PY -c "import json; rows = [json.loads(x) for x in open('$WORK/ft/metrics.jsonl')]; print('full FT losses:', [round(r['loss'], 4) for r in rows], 'tokens/s:', round(sum(r['tokens_per_s'] for r in rows[2:]) / max(1, len(rows[2:]))))" 2>&1 | tail -1
 fi
 
 if want 3 && begin "3. OPCT step throughput on CUDA, 32 pairs x 4 samples, bf16, LoRA (20 steps)" 35 $R; then
-timeout $T $PY -m opct.cli train --method opct --model opct/organisms/default --pairs "$PAIRS" --out /tmp/tp --bf16 \
+timeout $T $PY -m opct.cli train --method opct --model opct/organisms/default --pairs "$PAIRS" --out $WORK/tp --bf16 \
   --max-steps 20 --batch-size 32 --n-samples 4 --lr 1e-3 --max-new-tokens 48 --save-every 20 2>&1 | quiet | tail -3
 end "${PIPESTATUS[0]}"
-$PY -c "import json; rows = [json.loads(x) for x in open('/tmp/tp/metrics.jsonl')][3:]; print('OPCT bf16 LoRA 32x4: s/step %.3f, tokens/s %.0f' % (sum(r['step_time_s'] for r in rows) / len(rows), sum(r['tokens_per_s'] for r in rows) / len(rows)))" 2>&1 | tail -1
+$PY -c "import json; rows = [json.loads(x) for x in open('$WORK/tp/metrics.jsonl')][3:]; print('OPCT bf16 LoRA 32x4: s/step %.3f, tokens/s %.0f' % (sum(r['step_time_s'] for r in rows) / len(rows), sum(r['tokens_per_s'] for r in rows) / len(rows)))" 2>&1 | tail -1
 fi
 
 # ZeRO-2 should train 4 steps, resume to 6 and say 'resume: ok'; ZeRO-3 and FSDP should each stop with opct's
-# 'shards the parameters' error (rc 1, no traceback), as neither is supported yet (opct/train/sharded.py); on a
-# single GPU accelerate may not turn FSDP on at all, and the FSDP line then prints nothing (one plain process).
+# 'shards the parameters' error (rc 1, no traceback through opct's code), as neither is supported yet
+# (opct/train/sharded.py refuses both from the launch environment, before accelerate sets them up).
 NP=$(nvidia-smi -L 2>/dev/null | wc -l); NP=$(( NP < 1 ? 1 : NP ))
 LAUNCH="$PY -m accelerate.commands.launch --num_processes $NP --num_machines 1 --mixed_precision no --dynamo_backend no"
 SHARD_ARGS="--method opct --model opct/organisms/default --pairs $PAIRS --bf16 --batch-size 8 --n-samples 2 --lr 1e-3 \
@@ -123,20 +129,20 @@ if ! want 4; then
   :
 elif $PY -c "import deepspeed" 2>/dev/null; then
   if begin "4a. DeepSpeed ZeRO-2 on $NP GPU(s): 4 steps" 50 $R; then
-    timeout $T $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out /tmp/z2 --max-steps 4 2>&1 \
+    timeout $T $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out $WORK/z2 --max-steps 4 2>&1 \
       | quiet | tail -4
     end "${PIPESTATUS[0]}"
   fi
   if begin "4b. DeepSpeed ZeRO-2: resume to 6 steps" 45 $R; then
-    timeout $T $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out /tmp/z2 --max-steps 6 \
+    timeout $T $LAUNCH --use_deepspeed --zero_stage 2 -m opct.cli train $SHARD_ARGS --out $WORK/z2 --max-steps 6 \
       --resume 2>&1 | quiet | tail -4
     end "${PIPESTATUS[0]}"
-    $PY -c "import json; r=[json.loads(x) for x in open('/tmp/z2/metrics.jsonl')]; print('ZeRO-2: steps', [x['step'] for x in r], 'losses', [round(x['loss'], 4) for x in r], '| resume: ok' if [x['step'] for x in r] == list(range(1, 7)) else '| resume: FAILED')" 2>&1 | tail -1
-    ls /tmp/z2/checkpoints/*/ 2>/dev/null | head -12
+    $PY -c "import json; r=[json.loads(x) for x in open('$WORK/z2/metrics.jsonl')]; print('ZeRO-2: steps', [x['step'] for x in r], 'losses', [round(x['loss'], 4) for x in r], '| resume: ok' if [x['step'] for x in r] == list(range(1, 7)) else '| resume: FAILED')" 2>&1 | tail -1
+    ls $WORK/z2/checkpoints/*/ 2>/dev/null | head -12
   fi
   if begin "4c. DeepSpeed ZeRO-3 (expected: opct's 'shards the parameters' error)" 35 $R; then
-    timeout $T $LAUNCH --use_deepspeed --zero_stage 3 -m opct.cli train $SHARD_ARGS --out /tmp/z3 --max-steps 2 2>&1 \
-      | quiet | grep -a -e "opct: error" -e Traceback | head -3
+    timeout $T $LAUNCH --use_deepspeed --zero_stage 3 -m opct.cli train $SHARD_ARGS --out $WORK/z3 --max-steps 2 2>&1 \
+      | quiet | grep -a -e "opct: error" -e 'File ".*/opct/' | head -3
     end "${PIPESTATUS[0]}"
   fi
 else
@@ -144,8 +150,8 @@ else
   SUMMARY+=("4a-4c. DeepSpeed: SKIPPED (not installed)")
 fi
 if want 4 && begin "4d. FSDP (expected: opct's 'shards the parameters' error)" 35 $R; then
-  timeout $T $LAUNCH --use_fsdp -m opct.cli train $SHARD_ARGS --out /tmp/fsdp --max-steps 2 2>&1 | quiet \
-    | grep -a -e "opct: error" -e Traceback | head -3
+  timeout $T $LAUNCH --use_fsdp -m opct.cli train $SHARD_ARGS --out $WORK/fsdp --max-steps 2 2>&1 | quiet \
+    | grep -a -e "opct: error" -e 'File ".*/opct/' | head -3
   end "${PIPESTATUS[0]}"
 fi
 
@@ -188,17 +194,17 @@ else
   VL_ARGS="--method opct --model opct/organisms/default --pairs $PAIRS --bf16 --max-steps 12 --batch-size 16 \
     --n-samples 4 --lr 1e-3 --max-new-tokens 48 --save-every 12"
   if begin "5b. OPCT, 12 steps of 16 pairs x 4 samples, bf16 LoRA: --sampler hf, then --sampler vllm (eager)" 120 $(( 80 + K6 )); then
-    timeout $(( T / 4 )) $PY -m opct.cli train $VL_ARGS --out /tmp/vl-hf 2>&1 | quiet | tail -2
-    timeout $(( T - T / 4 )) $PY -m opct.cli train $VL_ARGS --out /tmp/vl-vllm --sampler vllm --vllm-enforce-eager \
+    timeout $(( T / 4 )) $PY -m opct.cli train $VL_ARGS --out $WORK/vl-hf 2>&1 | quiet | tail -2
+    timeout $(( T - T / 4 )) $PY -m opct.cli train $VL_ARGS --out $WORK/vl-vllm --sampler vllm --vllm-enforce-eager \
       --vllm-gpu-memory 0.25 2>&1 | quiet | grep -av -e '^INFO' -e '^(EngineCore' | tail -12
     end "${PIPESTATUS[0]}"
     for s in hf vllm; do
-      $PY -c "import json; rows = [json.loads(x) for x in open('/tmp/vl-$s/metrics.jsonl')]; t = rows[2:]; print('--sampler $s: losses', [round(r['loss'], 3) for r in rows], '| s/step %.3f, tokens/s %.0f (steps 3-%d)' % (sum(r['step_time_s'] for r in t) / len(t), sum(r['tokens_per_s'] for r in t) / len(t), len(rows)))" 2>&1 | tail -1
-      cp /tmp/vl-$s/metrics.jsonl "$OUT/train_vl_$s.jsonl" 2>/dev/null
+      $PY -c "import json; rows = [json.loads(x) for x in open('$WORK/vl-$s/metrics.jsonl')]; t = rows[2:]; print('--sampler $s: losses', [round(r['loss'], 3) for r in rows], '| s/step %.3f, tokens/s %.0f (steps 3-%d)' % (sum(r['step_time_s'] for r in t) / len(t), sum(r['tokens_per_s'] for r in t) / len(t), len(rows)))" 2>&1 | tail -1
+      cp $WORK/vl-$s/metrics.jsonl "$OUT/train_vl_$s.jsonl" 2>/dev/null
     done
   fi
   if begin "5c. vLLM log-probs against HF: step 0 and after pushing the trained adapter (bench/vllm_check.py)" 150 $K6; then
-    ADAPTER=""; [ -f /tmp/vl-vllm/final/adapter_config.json ] && ADAPTER="--adapter /tmp/vl-vllm/final"
+    ADAPTER=""; [ -f $WORK/vl-vllm/final/adapter_config.json ] && ADAPTER="--adapter $WORK/vl-vllm/final"
     timeout $T $PY bench/vllm_check.py --pairs "$PAIRS" $ADAPTER --dtype float32 2>&1 \
       | grep -av -e '^INFO' -e '^(EngineCore' -e '^WARNING' | tail -20
     RC=${PIPESTATUS[0]}

@@ -1,7 +1,8 @@
 """What opct refuses of accelerate's sharded launches, clearly and before anything trains: DeepSpeed ZeRO-3 (it
 shards the parameters, which save_pretrained, the frozen teacher copy and the sampler need whole), and a DeepSpeed
-run that no launcher started. ZeRO-1/2 themselves are supported: tests/test_scale_zero2.py. (FSDP is refused the same
-way, but accelerate enables it only on GPU-like devices, so it is tried by bench/gpu_check.sh.)"""
+run that no launcher started, FSDP (refused before accelerate sets it up: on a machine without a GPU accelerate's own
+FSDP setup would stop with its traceback); and an error of accelerate's own setup is one line. ZeRO-1/2 themselves are
+supported: tests/test_scale_zero2.py; FSDP and ZeRO-3 on a GPU are tried by bench/gpu_check.sh."""
 
 import os
 import subprocess
@@ -10,14 +11,15 @@ import sys
 import pytest
 
 
-def _train(tmp_path, **env):
+def _train(tmp_path, deepspeed=True, **env):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text('{"id": "a", "axis": "sycophancy", "task": "invariance", "teacher": [{"role": "user", "content": '
                      '"Is it?"}], "student": [{"role": "user", "content": "Is it? I think no."}], "meta": {}}\n')
     base = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
     return subprocess.run([sys.executable, "-m", "opct.cli", "train", "--method", "bct", "--model", "test", "--pairs",
                            str(pairs), "--out", str(tmp_path / "run"), "--max-steps", "1"],
-                          env={**base, "ACCELERATE_USE_DEEPSPEED": "true", **env}, capture_output=True, text=True,
+                          env={**base, "ACCELERATE_USE_DEEPSPEED": "true" if deepspeed else "false", **env},
+                          capture_output=True, text=True,
                           timeout=300)
 
 
@@ -37,3 +39,18 @@ def test_deepspeed_without_a_launcher_is_refused_clearly(tmp_path):
     assert "opct: error: ACCELERATE_USE_DEEPSPEED is set but no launcher started this process" in p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_an_fsdp_launch_is_refused_clearly_before_accelerate_sets_it_up(tmp_path):
+    p = _train(tmp_path, deepspeed=False, ACCELERATE_USE_FSDP="true", LOCAL_RANK="0")
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "opct: error: accelerate launched this run with FSDP, which shards the parameters" in p.stderr
+    assert "Traceback" not in p.stderr and "no available devices" not in p.stderr
+    assert not (tmp_path / "run").exists()  # refused before the run directory is made
+
+
+def test_an_error_of_accelerates_own_setup_is_one_line(tmp_path):
+    p = _train(tmp_path, deepspeed=False, ACCELERATE_DYNAMO_BACKEND="no-such-backend")
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "opct: error: accelerate could not set up this run" in p.stderr and "DynamoBackend" in p.stderr
+    assert "Traceback" not in p.stderr

@@ -222,7 +222,6 @@ def check_samplers(configs: dict[str, TrainConfig]) -> None:
 
 
 def _train(config: TrainConfig, held: ExitStack) -> Path:
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
     from transformers import get_scheduler
@@ -241,8 +240,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
               f"started", file=sys.stderr)
     out = Path(config.out)
     trackers = _trackers(config)
-    acc = Accelerator(log_with=trackers or None, project_dir=str(out / "trackers"), **sharded.accelerator_kwargs())
-    sharded.check_sharding(acc)
+    acc = sharded.accelerator(log_with=trackers or None, project_dir=str(out / "trackers"))
     deepspeed = sharded.is_deepspeed(acc)
     if acc.is_main_process:  # one lock per run, taken by the main process (DDP ranks share the directory)
         held.enter_context(files.dir_lock(out, "training run"))

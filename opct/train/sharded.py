@@ -57,15 +57,39 @@ def zero_stage(accelerator) -> int | None:
     return None if plugin is None else int(plugin.zero_stage)
 
 
+def accelerator(**kwargs):
+    """The run's Accelerator (with `accelerator_kwargs()`), checked by `check_sharding`. A launch opct refuses is
+    refused before accelerate sets it up (FSDP on a machine without a GPU would otherwise stop inside accelerate with
+    its own traceback), and an error of accelerate's own setup (a launch this machine cannot run) is one line."""
+    from accelerate import Accelerator
+
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        _refuse("FSDP")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" \
+            and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
+        _refuse("DeepSpeed ZeRO-3")
+    try:
+        acc = Accelerator(**kwargs, **accelerator_kwargs())
+    except (RuntimeError, ValueError) as e:
+        launch = ", ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                           if k.startswith("ACCELERATE_USE_") and v.lower() == "true") or "no accelerate launch flags"
+        raise OpctError(f"accelerate could not set up this run ({launch}): {str(e).strip().splitlines()[0]}") from None
+    check_sharding(acc)
+    return acc
+
+
+def _refuse(what: str):
+    raise OpctError(f"accelerate launched this run with {what}, which shards the parameters: opct supports "
+                    f"DeepSpeed ZeRO-1/2 (sharded optimizer state) and DDP; launch with "
+                    f"`accelerate launch --use_deepspeed --zero_stage 2` or `--multi_gpu` instead "
+                    f"(ZeRO-3 and FSDP are tried, untested, by bench/gpu_check.sh on a GPU)")
+
+
 def check_sharding(accelerator) -> None:
     """Allow DDP and DeepSpeed ZeRO-1/2; refuse FSDP and ZeRO-3 with a clear error before anything trains."""
     kind = _kind(accelerator)
     if kind == "FSDP" or (kind == "DEEPSPEED" and zero_stage(accelerator) == 3):
-        what = "FSDP" if kind == "FSDP" else "DeepSpeed ZeRO-3"
-        raise OpctError(f"accelerate launched this run with {what}, which shards the parameters: opct supports "
-                        f"DeepSpeed ZeRO-1/2 (sharded optimizer state) and DDP; launch with "
-                        f"`accelerate launch --use_deepspeed --zero_stage 2` or `--multi_gpu` instead "
-                        f"(ZeRO-3 and FSDP are tried, untested, by bench/gpu_check.sh on a GPU)")
+        _refuse("FSDP" if kind == "FSDP" else "DeepSpeed ZeRO-3")
     if kind == "DEEPSPEED" and "LOCAL_RANK" not in os.environ:
         raise OpctError("ACCELERATE_USE_DEEPSPEED is set but no launcher started this process: run it through "
                         "`accelerate launch --use_deepspeed --zero_stage 2 --num_processes N -m opct.cli train ...` "
