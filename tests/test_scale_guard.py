@@ -2,7 +2,8 @@
 shards the parameters, which save_pretrained, the frozen teacher copy and the sampler need whole), and a DeepSpeed
 run that no launcher started, FSDP (refused before accelerate sets it up: on a machine without a GPU accelerate's own
 FSDP setup would stop with its traceback); and an error of accelerate's own setup is one line. ZeRO-1/2 themselves are
-supported: tests/test_scale_zero2.py; FSDP and ZeRO-3 on a GPU are tried by bench/gpu_check.sh."""
+supported: tests/test_scale_zero2.py; FSDP and ZeRO-3 on a GPU are tried by bench/gpu_check.sh. A launch's own mixed
+precision is refused unless it is bf16 and the run asks for --bf16 (opct sets and records its precision itself)."""
 
 import os
 import subprocess
@@ -11,13 +12,14 @@ import sys
 import pytest
 
 
-def _train(tmp_path, deepspeed=True, **env):
+def _train(tmp_path, deepspeed=True, extra=(), **env):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text('{"id": "a", "axis": "sycophancy", "task": "invariance", "teacher": [{"role": "user", "content": '
-                     '"Is it?"}], "student": [{"role": "user", "content": "Is it? I think no."}], "meta": {}}\n')
+                     '"Is it?"}], "student": [{"role": "user", "content": "Is it? I think no."}], '
+                     '"meta": {"family": "f", "split": "train"}}\n')
     base = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
     return subprocess.run([sys.executable, "-m", "opct.cli", "train", "--method", "bct", "--model", "test", "--pairs",
-                           str(pairs), "--out", str(tmp_path / "run"), "--max-steps", "1"],
+                           str(pairs), "--out", str(tmp_path / "run"), "--max-steps", "1", *extra],
                           env={**base, "ACCELERATE_USE_DEEPSPEED": "true" if deepspeed else "false", **env},
                           capture_output=True, text=True,
                           timeout=300)
@@ -54,3 +56,28 @@ def test_an_error_of_accelerates_own_setup_is_one_line(tmp_path):
     assert p.returncode == 1, p.stderr[-2000:]
     assert "opct: error: accelerate could not set up this run" in p.stderr and "DynamoBackend" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_launch_with_its_own_mixed_precision_is_refused_unless_bf16_is_asked_for(tmp_path, precision):
+    """`accelerate launch --mixed_precision` (or an accelerate config file) would put accelerate's autocast on the
+    forward at prepare without the run recording it; fp16 would add a loss scaler opct does not checkpoint."""
+    p = _train(tmp_path, deepspeed=False, ACCELERATE_MIXED_PRECISION=precision)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert f"opct: error: accelerate launched this run with mixed precision {precision}" in p.stderr
+    assert ("pass --bf16" in p.stderr) == (precision == "bf16") and "Traceback" not in p.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_bf16_launch_trains_when_the_run_asks_for_bf16(tmp_path):
+    p = _train(tmp_path, deepspeed=False, ACCELERATE_MIXED_PRECISION="bf16", extra=["--bf16"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert '"bf16": true' in (tmp_path / "run" / "config.json").read_text()
+
+
+def test_accelerates_own_gradient_accumulation_is_refused(tmp_path):
+    """accelerator.backward divides every loss by accelerate's accumulation steps; opct accumulates itself."""
+    p = _train(tmp_path, deepspeed=False, ACCELERATE_GRADIENT_ACCUMULATION_STEPS="4")
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "opct: error: accelerate was set to accumulate gradients over 4 steps" in p.stderr
+    assert "--grad-accum" in p.stderr and "Traceback" not in p.stderr and not (tmp_path / "run").exists()

@@ -240,7 +240,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
               f"started", file=sys.stderr)
     out = Path(config.out)
     trackers = _trackers(config)
-    acc = sharded.accelerator(log_with=trackers or None, project_dir=str(out / "trackers"))
+    acc = sharded.accelerator(config.bf16, log_with=trackers or None, project_dir=str(out / "trackers"))
     deepspeed = sharded.is_deepspeed(acc)
     if acc.is_main_process:  # one lock per run, taken by the main process (DDP ranks share the directory)
         held.enter_context(files.dir_lock(out, "training run"))

@@ -57,10 +57,11 @@ def zero_stage(accelerator) -> int | None:
     return None if plugin is None else int(plugin.zero_stage)
 
 
-def accelerator(**kwargs):
-    """The run's Accelerator (with `accelerator_kwargs()`), checked by `check_sharding`. A launch opct refuses is
-    refused before accelerate sets it up (FSDP on a machine without a GPU would otherwise stop inside accelerate with
-    its own traceback), and an error of accelerate's own setup (a launch this machine cannot run) is one line."""
+def accelerator(bf16: bool, **kwargs):
+    """The run's Accelerator (with `accelerator_kwargs()`), checked by `check_sharding` and `check_precision`. A
+    launch opct refuses is refused before accelerate sets it up (FSDP on a machine without a GPU would otherwise stop
+    inside accelerate with its own traceback), and an error of accelerate's own setup (a launch this machine cannot
+    run) is one line."""
     from accelerate import Accelerator
 
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
@@ -75,7 +76,27 @@ def accelerator(**kwargs):
                            if k.startswith("ACCELERATE_USE_") and v.lower() == "true") or "no accelerate launch flags"
         raise OpctError(f"accelerate could not set up this run ({launch}): {str(e).strip().splitlines()[0]}") from None
     check_sharding(acc)
+    check_precision(acc, bf16)
+    if not is_deepspeed(acc) and acc.gradient_accumulation_steps != 1:  # (DeepSpeed's is set to 1 in `configure`)
+        raise OpctError(f"accelerate was set to accumulate gradients over {acc.gradient_accumulation_steps} steps "
+                        f"(ACCELERATE_GRADIENT_ACCUMULATION_STEPS), which would divide every loss by that number: "
+                        f"opct accumulates itself, --grad-accum N; unset it")
     return acc
+
+
+def check_precision(acc, bf16: bool) -> None:
+    """opct sets its precision itself (`--bf16`: its own autocast, recorded in config.json and checked on resume). A
+    launch's mixed precision (`accelerate launch --mixed_precision`, or the accelerate config file that launch reads)
+    would wrap the forward in its own autocast at `prepare` without the run knowing, and fp16 would add a loss scaler
+    that opct neither checkpoints nor sees skip steps: refused unless it is bf16 asked for by --bf16 as well."""
+    mp = str(getattr(acc, "mixed_precision", "no")).rsplit(".", 1)[-1].lower()
+    if mp in ("no", "none") or (mp == "bf16" and bf16):
+        return
+    fix = "pass --bf16 to opct train (bf16 autocast over float32 weights)" if mp == "bf16" else \
+        "opct trains in float32 or, with --bf16, bf16 autocast"
+    raise OpctError(f"accelerate launched this run with mixed precision {mp} (accelerate launch --mixed_precision, or "
+                    f"the accelerate config file it read), but opct sets the precision itself: {fix}, and launch with "
+                    f"--mixed_precision no")
 
 
 def _refuse(what: str):
