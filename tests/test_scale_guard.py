@@ -75,9 +75,13 @@ def test_a_bf16_launch_trains_when_the_run_asks_for_bf16(tmp_path):
     assert '"bf16": true' in (tmp_path / "run" / "config.json").read_text()
 
 
-def test_accelerates_own_gradient_accumulation_is_refused(tmp_path):
-    """accelerator.backward divides every loss by accelerate's accumulation steps; opct accumulates itself."""
-    p = _train(tmp_path, deepspeed=False, ACCELERATE_GRADIENT_ACCUMULATION_STEPS="4")
+@pytest.mark.parametrize("env, says", [
+    ({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"}, "accelerate was set to accumulate gradients over 4 steps"),
+    ({"ACCELERATE_DYNAMO_BACKEND": "inductor"}, "accelerate was set to compile the model (dynamo backend inductor"),
+], ids=["grad-accum", "dynamo"])
+def test_accelerates_own_accumulation_or_compilation_is_refused(tmp_path, env, says):
+    """accelerator.backward divides every loss by accelerate's accumulation steps (opct accumulates itself, with
+    --grad-accum); a dynamo backend makes prepare torch.compile the model (it stopped inside inductor on the CPU)."""
+    p = _train(tmp_path, deepspeed=False, **env)
     assert p.returncode == 1, p.stderr[-2000:]
-    assert "opct: error: accelerate was set to accumulate gradients over 4 steps" in p.stderr
-    assert "--grad-accum" in p.stderr and "Traceback" not in p.stderr and not (tmp_path / "run").exists()
+    assert f"opct: error: {says}" in p.stderr and "Traceback" not in p.stderr and not (tmp_path / "run").exists()

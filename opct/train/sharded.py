@@ -77,6 +77,11 @@ def accelerator(bf16: bool, **kwargs):
         raise OpctError(f"accelerate could not set up this run ({launch}): {str(e).strip().splitlines()[0]}") from None
     check_sharding(acc)
     check_precision(acc, bf16)
+    backend = str(getattr(getattr(acc.state, "dynamo_plugin", None), "backend", "NO")).rsplit(".", 1)[-1]
+    if backend.upper() != "NO":  # prepare would torch.compile the model; sampling and the teacher read its modules
+        raise OpctError(f"accelerate was set to compile the model (dynamo backend {backend.lower()}: accelerate launch "
+                        f"--dynamo_backend, ACCELERATE_DYNAMO_BACKEND or the accelerate config file), which opct does "
+                        f"not support; launch with --dynamo_backend no")
     if not is_deepspeed(acc) and acc.gradient_accumulation_steps != 1:  # (DeepSpeed's is set to 1 in `configure`)
         raise OpctError(f"accelerate was set to accumulate gradients over {acc.gradient_accumulation_steps} steps "
                         f"(ACCELERATE_GRADIENT_ACCUMULATION_STEPS), which would divide every loss by that number: "
