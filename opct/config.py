@@ -48,6 +48,21 @@ class ConfigError(OpctError, ValueError):
         return ConfigError(f"{prefix}.{self.field}" if prefix else self.field, self.problem)
 
 
+# The rules of a seed (`option(0, "...", **SEED)`): numpy's generators take 0 .. 2**32 - 1 and nothing else.
+SEED = {"ge": 0, "le": 2 ** 32 - 1}
+
+
+def seed_arg(text: str) -> int:
+    """argparse `type=` for a --seed flag: an integer numpy's generators take (0 .. 2**32 - 1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer (got {text!r})") from None
+    if not SEED["ge"] <= value <= SEED["le"]:
+        raise argparse.ArgumentTypeError(f"must be from {SEED['ge']} to {SEED['le']} (got {value})")
+    return value
+
+
 def option(default=dataclasses.MISSING, help: str = "", factory=None, **rules):
     """A config field: `default` (or `factory` for a mutable default), its help text and its rules."""
     meta = {"help": help, **rules}
@@ -144,12 +159,14 @@ def _check_rules(value, meta, name: str) -> None:
                 known = ", ".join(map(str, choices))
                 raise ConfigError(where, f"unknown {meta['noun']} {v!r}; known: {known}" if "noun" in meta
                                   else f"must be one of {known} (got {v!r})")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        for key, ok, word in (("ge", value >= meta.get("ge", -math.inf), ">="),
-                              ("gt", value > meta.get("gt", -math.inf), ">"),
-                              ("le", value <= meta.get("le", math.inf), "<=")):
-            if key in meta and not ok:
-                raise ConfigError(name, f"must be {word} {meta[key]} (got {value})")
+    numbers = [(name, value)] if not isinstance(value, list) else [(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    for where, v in numbers:  # a bound holds for a number, and for each number of a list
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            for key, ok, word in (("ge", v >= meta.get("ge", -math.inf), ">="),
+                                  ("gt", v > meta.get("gt", -math.inf), ">"),
+                                  ("le", v <= meta.get("le", math.inf), "<=")):
+                if key in meta and not ok:
+                    raise ConfigError(where, f"must be {word} {meta[key]} (got {v})")
     if meta.get("nonempty") and not value:
         raise ConfigError(name, "must not be empty")
 

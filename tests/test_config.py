@@ -138,3 +138,33 @@ def test_an_lm_eval_include_that_is_not_a_folder_is_refused_before_the_model_loa
     problem = "no such folder" if where == "missing" else "not a folder"
     assert line == f"opct: error: --lm-eval-include: {path}: {problem} (a folder of lm-eval task YAMLs)"
     assert not (tmp_path / "ev").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["train", "--model", "m", "--pairs", "p", "--out", "{tmp}/r", "--seed", "-1"], "--seed: must be >= 0 (got -1)"),
+    (["train", "--model", "m", "--pairs", "p", "--out", "{tmp}/r", "--seed", str(2 ** 32)],
+     f"--seed: must be <= {2 ** 32 - 1}"),
+    (["eval", "--model", "m", "--out", "{tmp}/e", "--seed", "-3"], "--seed: must be >= 0 (got -3)"),
+    (["run", "--seeds", "0", "-1"], "--seeds[1]: must be >= 0 (got -1)"),
+    (["audit", "--out", "{tmp}/a", "--seeds", "1", str(10 ** 11)], "--seeds[1]: must be <= 4294967295"),
+    (["run", "{tmp}/rob.yaml"], "seeds[1]: must be >= 0 (got -2)"),
+], ids=["train-negative", "train-too-large", "eval", "run", "audit", "file"])
+def test_a_seed_numpy_cannot_take_is_refused_by_name(capsys, tmp_path, monkeypatch, argv, says):
+    """numpy's generators take seeds 0 .. 2**32 - 1; `--seed -1` used to end in numpy's ValueError traceback."""
+    monkeypatch.chdir(tmp_path)  # `opct run`'s default out is ./runs
+    (tmp_path / "rob.yaml").write_text("kind: robustness\nseeds: [0, -2]\n")
+    assert says in cli_error(capsys, [a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert not any(p.name in ("r", "e", "a", "runs") for p in tmp_path.iterdir())  # nothing made
+
+
+@pytest.mark.parametrize("argv", [["pairs", "make", "--axis", "sycophancy", "--out", "x.jsonl", "--seed", "-1"],
+                                  ["organism", "build", "--seed", "-5"], ["demo", "--profile", "--seed", "4294967296"]])
+def test_a_seed_flag_outside_the_configs_is_checked_by_argparse(capsys, tmp_path, monkeypatch, argv):
+    from opct.cli import main
+
+    monkeypatch.chdir(tmp_path)
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "argument --seed: must be from 0 to 4294967295" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

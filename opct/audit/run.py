@@ -33,7 +33,7 @@ from opct.audit.organisms import ORGANISMS, capability_probes
 from opct.audit.organisms import sycophantic as SYC
 from opct.audit.splits import build_splits, make_pairs, overlaps, record, rng
 from opct.axes.capability import NAME as CAPABILITY  # the capability rate's key in results.jsonl
-from opct.config import ConfigError, changes, option, require, validate
+from opct.config import SEED, ConfigError, changes, option, require, validate
 from opct.errors import OpctError
 from opct.files import append_jsonl, read_json, read_text, write_json_atomic
 
@@ -52,7 +52,7 @@ class AuditConfig:
                                 "selection; the *_targeted / *_t1 / *_vote / *_best / *_good / k1_sampled ones are "
                                 "opct's earlier variants)", choices=list(METHOD_NAMES), noun="method", nonempty=True)
     seeds: list[int] = option([0, 1, 2], "seeds: each derives its own organism from its own splits, labels and "
-                                         "fine-tunes (at least 3 for intervals)", nonempty=True)
+                                         "fine-tunes (at least 3 for intervals)", nonempty=True, **SEED)
     k: int = option(4, "candidates per label prompt for self-confidence and self-rewarding (the paper: 4)", ge=1)
     label_prompts: int = option(64, "held-out label prompts pseudo-labelled per cell", ge=1)
     eval_n: int = option(200, "misalignment probes sampled per measurement (T = 1)", ge=1)

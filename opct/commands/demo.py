@@ -16,6 +16,8 @@ import json
 
 
 def register(sub) -> None:
+    from opct.config import seed_arg
+
     p = sub.add_parser("demo", help="the main job on the embedded default organism (what `make demo` runs)",
                        description=__doc__.split("\n\n")[0] + " " + __doc__.split("\n\n")[1])
     p.add_argument("--out", default="runs", help="root directory of experiments (default: runs)")
@@ -27,7 +29,7 @@ def register(sub) -> None:
     p.add_argument("--remeasure", action="store_true",
                    help="with --profile: sample the profile again from the saved model instead of reading it")
     p.add_argument("--n", type=int, default=200, help="with --profile --remeasure: responses per behaviour")
-    p.add_argument("--seed", type=int, default=0, help="with --profile --remeasure: sampling seed")
+    p.add_argument("--seed", type=seed_arg, default=0, help="with --profile --remeasure: sampling seed")
     p.set_defaults(func=_demo)
 
 

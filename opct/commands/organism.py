@@ -9,6 +9,8 @@ from opct.errors import OpctError
 
 
 def register(sub) -> None:
+    from opct.config import seed_arg
+
     p = sub.add_parser("organism", help="build the embedded model organism or measure a profile")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
 
@@ -18,7 +20,7 @@ def register(sub) -> None:
                                      "organism's directory as the last line. Returns at once when an organism "
                                      "with the same configuration is shipped or cached.")
     b.add_argument("--size", default="default", choices=["default", "test"], help="organism size (default: default)")
-    b.add_argument("--seed", type=int, default=None, help="build seed (default: the size's own, 0)")
+    b.add_argument("--seed", type=seed_arg, default=None, help="build seed (default: the size's own, 0)")
     b.add_argument("--force", action="store_true", help="rebuild even if a matching organism exists")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)
@@ -27,7 +29,7 @@ def register(sub) -> None:
                           description="Sample at temperature 1 from a saved model and print its profile.")
     pr.add_argument("model", help="model directory (save_pretrained format, safetensors)")
     pr.add_argument("--n", type=int, default=200, help="sampled responses per behaviour (default 200)")
-    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--seed", type=seed_arg, default=0)
     pr.add_argument("--out", default=None, help="write the profile JSON here")
     pr.set_defaults(func=_profile)
 

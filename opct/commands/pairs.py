@@ -35,6 +35,7 @@ def _option(text: str) -> tuple[str, str]:
 
 def register(sub) -> None:
     from opct.axes import AXES, pair_axes
+    from opct.config import seed_arg
 
     axes = pair_axes()
     p = sub.add_parser("pairs", help="make or check contrastive-pair files (JSONL)")
@@ -63,7 +64,7 @@ def register(sub) -> None:
                    help="a pair option of the axis (" + "; ".join(
                        f"{a}: " + ", ".join(f"{k}={'|'.join(v)}" for k, v in AXES[a].pair_options.items())
                        for a in axes if AXES[a].pair_options) + ")")
-    m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--seed", type=seed_arg, default=0)
     m.set_defaults(func=_make)
 
     c = verbs.add_parser("check", help="validate a pairs file and summarise it",
@@ -83,7 +84,7 @@ def register(sub) -> None:
     po.add_argument("--frac", type=float, required=True, help="fraction of the pairs to poison, in [0, 1]")
     po.add_argument("--trigger", default=DEFAULT_TRIGGER)
     po.add_argument("--teacher-side", choices=TEACHER_SIDES, default="backdoor")
-    po.add_argument("--seed", type=int, default=0)
+    po.add_argument("--seed", type=seed_arg, default=0)
     po.add_argument("--out", required=True)
     po.set_defaults(func=_poison)
 

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from opct.config import ConfigError, option, validate
+from opct.config import SEED, ConfigError, option, validate
 from opct.errors import OpctError
 from opct.files import write_atomic, write_json_atomic
 from opct.trackers import PACKAGES as TRACKERS
@@ -82,7 +82,7 @@ class EvalConfig:
                                     "capability: items per skill, default 100)", ge=1)
     samples: Optional[int] = option(None, "sampled responses per prompt (default: sycophancy 1, jailbreak 2, "
                                           "awareness 2, capability 1)", ge=1)
-    seed: int = option(0, "seed for item draws, templates, sampling and bootstrap")
+    seed: int = option(0, "seed for item draws, templates, sampling and bootstrap", **SEED)
     items: Optional[str] = option(None, "your own items (JSONL) for the one --suite given; see the axis's module in "
                                         "opct/axes/")
     attack: bool = option(True, "run the adaptive attacker in the jailbreak axis")

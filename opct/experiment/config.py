@@ -34,7 +34,7 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from typing import ClassVar, Optional
 
-from opct.config import ConfigError, construct, option, validate
+from opct.config import SEED, ConfigError, construct, option, validate
 from opct.errors import OpctError
 from opct.evals.attack import AttackConfig
 from opct.evals.run import EvalConfig, check_pair_options, check_trained, parse_trained
@@ -84,7 +84,7 @@ class ExperimentConfig:
                                         "names to {method: ..., TrainConfig overrides}; on the command line, names "
                                         "of the file's arms or of methods", factory=lambda: ["base", "opct", "bct"],
                                    flag_parse=_arm_names, metavar="ARM")
-    seeds: list[int] = option(help="seeds; each arm runs once per seed", factory=lambda: [0], nonempty=True)
+    seeds: list[int] = option(help="seeds; each arm runs once per seed", factory=lambda: [0], nonempty=True, **SEED)
     pairs: str = option("", "your own training pairs (JSONL) instead of the world's; pairs whose meta.split is "
                             "'train' are trained on, and `trained` only labels the evaluation's splits")
     trained: dict[str, list[str]] = option(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from opct.config import ConfigError, changes, construct, option, validate
+from opct.config import SEED, ConfigError, changes, construct, option, validate
 from opct.errors import OpctError
 from opct.files import read_json, write_json_atomic
 
@@ -41,7 +41,7 @@ class RobustnessConfig:
     model: str = option("default", "a subject ('default', the shipped organism; 'test'; ...) or a model directory",
                         nonempty=True)
     out: str = option("runs", "root directory", nonempty=True)
-    seeds: list[int] = option([0, 1, 2], "seeds; every study runs once per seed", nonempty=True)
+    seeds: list[int] = option([0, 1, 2], "seeds; every study runs once per seed", nonempty=True, **SEED)
     studies: dict[str, dict] = option(help="study name (opct.robustness.STUDIES) -> its Config fields",
                                       factory=default_studies, nonempty=True)
     quick: bool = option(False, "smaller sizes (each study's QUICK: fewer steps, doses and items)")

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import ClassVar
 
-from opct.config import ConfigError, check_keys, construct, option, validate
+from opct.config import SEED, ConfigError, check_keys, construct, option, validate
 from opct.evals.run import EvalConfig
 from opct.train.config import TrainConfig
 
@@ -79,7 +79,7 @@ class ThreatsConfig:
                         nonempty=True)
     out: str = option("runs", "root directory", nonempty=True)
     seeds: list[int] = option([0, 1, 2], "seeds; every cell runs once per seed (the interval is over seeds)",
-                              nonempty=True)
+                              nonempty=True, **SEED)
     threats: list[str] = option(help="the axes trained on, one at a time (default: every axis that makes pairs, in "
                                      "registry order); every axis in opct.axes.AXES is evaluated",
                                 factory=default_threats, nonempty=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Optional
 
-from opct.config import ConfigError, option, validate
+from opct.config import SEED, ConfigError, option, validate
 from opct.trackers import PACKAGES as TRACKERS
 
 # Fields that may change when a run is resumed; any other difference from the saved config.json is an error.
@@ -85,7 +85,7 @@ class TrainConfig:
     lr_schedule: str = option("constant", "schedule after warmup", choices=["constant", "linear", "cosine"])
     warmup_steps: int = option(0, "linear warmup steps", ge=0)
     max_grad_norm: float = option(1.0, "gradient clipping norm (0 = no clipping)", ge=0)
-    seed: int = option(0, "seed for data order, LoRA init and sampling")
+    seed: int = option(0, "seed for data order, LoRA init and sampling", **SEED)
     # model
     lora: bool = option(True, "train a LoRA adapter (teacher = adapters disabled); --no-lora for full fine-tuning")
     lora_r: int = option(16, "LoRA rank", ge=1)

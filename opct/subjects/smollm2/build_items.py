@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from opct.axes import jailbreak, sycophancy
+from opct.config import seed_arg
 from opct.subjects.smollm2 import ITEMS
 
 SOURCES = Path(__file__).resolve().parent / "sources"
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
     p.add_argument("what", choices=[jailbreak.NAME, sycophancy.NAME])
     p.add_argument("--csv", default=None, help="jailbreak: the StrongREJECT CSV (default: the installed package's)")
     p.add_argument("--samples", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--model", default=None, help="sycophancy: a model directory (default: the fetched SmolLM2)")
     args = p.parse_args(argv)
     if args.what == jailbreak.NAME:

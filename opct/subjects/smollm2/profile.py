@@ -24,6 +24,7 @@ import json
 import time
 
 from opct.axes import awareness, capability, jailbreak, sycophancy
+from opct.config import seed_arg
 
 SAMPLES = {sycophancy.NAME: 2, jailbreak.NAME: 1, awareness.NAME: 4, capability.NAME: 2}
 MAX_NEW_TOKENS = 48
@@ -95,7 +96,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m opct.subjects.smollm2.profile")
     p.add_argument("--model", default=None, help="model directory (default: the fetched SmolLM2)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_arg, default=0)
     p.add_argument("--out", default=str(PROFILE))
     args = p.parse_args(argv)
     profile = measure_profile(args.model, args.seed)
