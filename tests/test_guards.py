@@ -89,3 +89,34 @@ def test_student_and_teacher_must_score_the_same_response_ids(policy):
         with pytest.raises(OpctError, match="step 3: the student and the teacher would score different response"):
             guards.check_same_responses(student, pack(prompts, other, policy.pad_id, "cpu"), "step 3")
     assert torch.equal(student.response_lengths_B, torch.tensor([3]))
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("nosuch", "no module of the model is called 'nosuch'; its linear layers: "),
+    ("q_proj,v_prj", "no module of the model is called 'v_prj'"),  # peft would train q_proj alone, silently
+    (" , ", "no module names in"),
+])
+def test_lora_targets_that_name_no_module_are_refused(policy, spec, says):
+    with pytest.raises(OpctError, match="--lora-targets: ") as e:
+        guards.lora_targets(policy.model, spec)
+    assert says in str(e.value)
+    assert ("its linear layers: down_proj" in str(e.value)) == (spec != " , ")
+
+
+def test_lora_targets_match_as_peft_matches(policy):
+    assert guards.lora_targets(policy.model, "all-linear") == "all-linear"
+    assert guards.lora_targets(policy.model, " q_proj, self_attn.v_proj ") == ["q_proj", "self_attn.v_proj"]
+
+
+def test_misspelt_lora_targets_stop_opct_train_in_one_line(capsys, tmp_path):
+    from tiny_lm import cli_error
+
+    from opct.pairs.schema import save_pairs
+
+    pair = _pair()
+    pair.axis, pair.meta = "custom", {"split": "train", "family": "f"}
+    pairs = save_pairs([pair], tmp_path / "p.jsonl")
+    err = cli_error(capsys, ["train", "--model", str(tiny_lm.model_dir()), "--pairs", str(pairs), "--out",
+                             str(tmp_path / "r"), "--max-steps", "1", "--max-new-tokens", "8", "--lora-targets",
+                             "q_proj,v_prj"])
+    assert "'v_prj'" in err and not (tmp_path / "r" / "checkpoints").exists()

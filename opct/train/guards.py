@@ -16,6 +16,9 @@ before (and while) it trains, and stops with an OpctError naming the pair, the f
                                         response token ids, with the same lengths (the KL compares the two
                                         distributions at these positions; re-tokenized or shifted responses would
                                         compare different tokens)
+  lora_targets(model, spec)             `--lora-targets` as peft's target_modules, every name matching a module of
+                                        the model (peft stops with a traceback when none does, and ignores a
+                                        misspelt one beside others that match: that layer would silently not train)
 """
 
 from __future__ import annotations
@@ -121,3 +124,22 @@ def check_same_responses(student_batch, teacher_batch, where: str = "this step")
         raise OpctError(f"{where}: the student and the teacher would score different response tokens; the per-token "
                         f"KL compares the same tokens under two prompts (a bug in how the responses were laid out)")
 
+
+
+def lora_targets(model, spec: str):
+    """`spec` ('all-linear' or comma-separated module names) as peft's `target_modules`, each name checked against
+    the model's modules the way peft matches a name (the whole dotted name, or its last parts)."""
+    import torch
+
+    if spec == "all-linear":
+        return spec
+    names = [t.strip() for t in spec.split(",") if t.strip()]
+    if not names:
+        raise OpctError(f"--lora-targets: no module names in {spec!r} (use 'all-linear' or e.g. 'q_proj,v_proj')")
+    modules = [n for n, _ in model.named_modules() if n]
+    missing = [t for t in names if not any(n == t or n.endswith("." + t) for n in modules)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise OpctError(f"--lora-targets: no module of the model is called {', '.join(map(repr, missing))}; its "
+                        f"linear layers: {', '.join(linear)} (or 'all-linear')")
+    return names

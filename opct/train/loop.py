@@ -39,7 +39,7 @@ from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
 from opct.train import replay
 from opct.train import sharded
-from opct.train.guards import check_vocab
+from opct.train.guards import check_vocab, lora_targets
 from opct.train.rundir import prepare_run_dir, truncate_metrics
 
 # Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped. A key
@@ -133,8 +133,7 @@ def student_and_teacher(model, config: TrainConfig):
         if config.init_adapter:  # e.g. SFT+OPCT: continue an SFT adapter; the teacher is still the starting model
             student = _continue_adapter(model, config.init_adapter)
         else:
-            targets = config.lora_targets if config.lora_targets == "all-linear" else [
-                t.strip() for t in config.lora_targets.split(",") if t.strip()]
+            targets = lora_targets(model, config.lora_targets)
             student = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
                                                        lora_dropout=config.lora_dropout, target_modules=targets,
                                                        task_type="CAUSAL_LM"))
