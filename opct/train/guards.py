@@ -125,7 +125,6 @@ def check_same_responses(student_batch, teacher_batch, where: str = "this step")
                         f"KL compares the same tokens under two prompts (a bug in how the responses were laid out)")
 
 
-
 def lora_targets(model, spec: str):
     """`spec` ('all-linear' or comma-separated module names) as peft's `target_modules`, each name checked against
     the model's modules the way peft matches a name (the whole dotted name, or its last parts)."""

@@ -21,6 +21,10 @@ What the training loop does differently when accelerate runs DeepSpeed (`is_deep
 
 ZeRO-3 and FSDP also shard the parameters (save_pretrained, the frozen teacher copy and the engine's generation would
 need gathered weights): they are refused here, and their launches live in bench/gpu_check.sh (untested).
+
+`accelerator()` makes the run's Accelerator and checks the launch: besides the sharding, what accelerate would do
+behind the run's back is refused with the fix named — its own mixed precision (fp16, or bf16 without --bf16), its
+torch.compile (a dynamo backend) and its gradient accumulation (which divides every loss in `accelerator.backward`).
 """
 
 from __future__ import annotations
@@ -58,10 +62,11 @@ def zero_stage(accelerator) -> int | None:
 
 
 def accelerator(bf16: bool, **kwargs):
-    """The run's Accelerator (with `accelerator_kwargs()`), checked by `check_sharding` and `check_precision`. A
-    launch opct refuses is refused before accelerate sets it up (FSDP on a machine without a GPU would otherwise stop
-    inside accelerate with its own traceback), and an error of accelerate's own setup (a launch this machine cannot
-    run) is one line."""
+    """The run's Accelerator (with `accelerator_kwargs()`), with the launch checked (the module docstring): sharding
+    (`check_sharding`), precision (`check_precision`), no dynamo backend, no accelerate-side gradient accumulation. A
+    launch opct refuses is refused before accelerate sets it up where the environment tells (FSDP on a machine without
+    a GPU would otherwise stop inside accelerate with its own traceback), and an error of accelerate's own setup (a
+    launch this machine cannot run) is one line."""
     from accelerate import Accelerator
 
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
