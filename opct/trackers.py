@@ -14,6 +14,8 @@ import importlib.util
 import math
 import sys
 
+from opct.errors import OpctError
+
 # tracker name (accelerate's) -> the module it needs
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
             "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio"}
@@ -63,7 +65,11 @@ class Trackers:
         if names:
             from accelerate import Accelerator
 
-            self.acc = Accelerator(log_with=names, project_dir=str(project_dir))
+            try:
+                self.acc = Accelerator(log_with=names, project_dir=str(project_dir))
+            except (RuntimeError, ValueError) as e:  # a launch accelerate cannot set up here (FSDP without a GPU)
+                raise OpctError(f"{where}: accelerate could not set up its trackers here: "
+                                f"{str(e).strip().splitlines()[0]}") from None
             self.acc.init_trackers(name, config=scalars(config or {}))
 
     def log(self, values: dict, step: int | None = None) -> None:

@@ -55,3 +55,24 @@ def test_training_and_eval_metrics_reach_tensorboard(tmp_path, model_dir, pairs_
                  "--no-progress", "--max-new-tokens", "8", "--log-with", "tensorboard"]) == 0
     tags = _scalars(out / "trackers")
     assert "eval/capability.accuracy" in tags
+
+
+def test_trackers_under_a_launch_accelerate_cannot_set_up_here_are_one_line(tmp_path):
+    """`accelerate launch --use_fsdp` on a machine without a GPU: accelerate's FSDP setup raises inside
+    Accelerator(); opct eval's trackers (an Accelerator for its tracker API) say so in one line, no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU accelerate can set FSDP up")
+    pytest.importorskip("tensorboard")
+    p = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines",
+                        "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--use_fsdp", "-m", "opct.cli",
+                        "eval", "--model", "test", "--suite", "capability", "--n", "2", "--out", str(tmp_path / "e"),
+                        "--log-with", "tensorboard"], capture_output=True, text=True, timeout=300)
+    assert p.returncode != 0
+    assert "opct: error: --log-with: accelerate could not set up its trackers here" in p.stderr, p.stderr[-2000:]
+    assert f'File "{Path(__file__).resolve().parents[1] / "opct"}' not in p.stderr  # no traceback through opct
