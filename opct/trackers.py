@@ -68,8 +68,8 @@ class Trackers:
             try:
                 self.acc = Accelerator(log_with=names, project_dir=str(project_dir))
             except (RuntimeError, ValueError) as e:  # a launch accelerate cannot set up here (FSDP without a GPU)
-                raise OpctError(f"{where}: accelerate could not set up its trackers here: "
-                                f"{str(e).strip().splitlines()[0]}") from None
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise OpctError(f"{where}: accelerate could not set up its trackers here: {reason}") from None
             self.acc.init_trackers(name, config=scalars(config or {}))
 
     def log(self, values: dict, step: int | None = None) -> None:

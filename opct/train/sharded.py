@@ -79,7 +79,8 @@ def accelerator(bf16: bool, **kwargs):
     except (RuntimeError, ValueError) as e:
         launch = ", ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
                            if k.startswith("ACCELERATE_USE_") and v.lower() == "true") or "no accelerate launch flags"
-        raise OpctError(f"accelerate could not set up this run ({launch}): {str(e).strip().splitlines()[0]}") from None
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OpctError(f"accelerate could not set up this run ({launch}): {reason}") from None
     check_sharding(acc)
     check_precision(acc, bf16)
     backend = str(getattr(getattr(acc.state, "dynamo_plugin", None), "backend", "NO")).rsplit(".", 1)[-1]
