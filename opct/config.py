@@ -34,7 +34,7 @@ import math
 import typing
 from pathlib import Path
 
-from opct.errors import OpctError
+from opct.errors import OpctError, first_line
 
 
 class ConfigError(OpctError, ValueError):
@@ -256,7 +256,7 @@ def load_config_file(path) -> dict:
     except RecursionError:
         raise OpctError(f"{path}: cannot parse config: nested too deeply") from None
     except Exception as e:  # noqa: BLE001 - any parse error becomes a user error naming the file
-        raise OpctError(f"{path}: cannot parse config: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+        raise OpctError(f"{path}: cannot parse config: {first_line(e)}") \
             from None
     if not isinstance(data, dict):
         raise OpctError(f"{path}: a config file must hold a mapping of field names to values")

@@ -16,6 +16,20 @@ class DataError(OpctError):
         super().__init__(f"{self.path}:{line}: {field}: {problem}")
 
 
+def first_line(exc: BaseException, default: str | None = None) -> str:
+    """The first non-blank line of `exc`'s message, stripped: what a one-line error quotes of a library's exception.
+
+    An exception with no message (or only blank lines, or a `__str__` that itself fails) gives `default`, or the
+    exception's type name when no default is given, so the quote is never empty and never raises.
+    """
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not replace the error being reported
+        text = ""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()),
+                type(exc).__name__ if default is None else default)
+
+
 # ------------------------------------------------------------------------------------------------ at the CLI boundary
 # Operating-system and decoding errors are the user's to fix too (a full disk, a directory where a file belongs, a
 # file that is not UTF-8), but they surface as OSError / UnicodeDecodeError / RecursionError from deep inside a

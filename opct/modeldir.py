@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from opct.errors import OpctError
+from opct.errors import OpctError, first_line
 
 PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -26,7 +26,7 @@ def check_device(device, flag: str = "--device"):
     try:
         d = torch.device(device)
     except (RuntimeError, TypeError) as e:
-        raise OpctError(f"{flag} {device}: not a torch device ({str(e).splitlines()[0]})") from None
+        raise OpctError(f"{flag} {device}: not a torch device ({first_line(e)})") from None
     if d.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
@@ -46,7 +46,7 @@ def _check_safetensors(files: list[Path]) -> None:
             with safe_open(str(f), "pt") as g:
                 g.keys()
         except Exception as e:  # noqa: BLE001 - SafetensorError, OSError: the file is damaged or unreadable
-            raise OpctError(f"{f}: damaged or truncated safetensors file ({str(e).splitlines()[0]})") from None
+            raise OpctError(f"{f}: damaged or truncated safetensors file ({first_line(e)})") from None
 
 
 def _refuse_pickles(folder: Path, what: str) -> None:

@@ -30,7 +30,7 @@ import torch
 
 from opct.batching import PackedBatch, left_pad, pack, response_logits  # noqa: F401  (re-exported)
 from opct.engine import EnginePool, NonFinite, try_engine
-from opct.errors import OpctError
+from opct.errors import OpctError, first_line
 
 Messages = list[dict]
 
@@ -331,7 +331,7 @@ def count_parameters(model_dir) -> int:
             with safe_open(str(f), "pt") as g:
                 n += sum(math.prod(g.get_slice(k).get_shape()) for k in g.keys())
         except Exception as e:  # noqa: BLE001 - SafetensorError: a damaged file
-            raise OpctError(f"{f}: damaged or truncated safetensors file ({str(e).splitlines()[0]})") from None
+            raise OpctError(f"{f}: damaged or truncated safetensors file ({first_line(e)})") from None
     return n
 
 
@@ -365,7 +365,7 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
                                                            trust_remote_code=trust_remote_code,
                                                            output_loading_info=True)
     except (OSError, ValueError, RuntimeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = first_line(e)
         if "mismatched" in first:
             raise OpctError(f"{path / 'config.json'}: does not match the weights (tensor shapes differ)") from None
         raise OpctError(f"{path}: cannot load model or tokenizer ({first})") from None

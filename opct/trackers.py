@@ -14,7 +14,7 @@ import importlib.util
 import math
 import sys
 
-from opct.errors import OpctError
+from opct.errors import OpctError, first_line
 
 # tracker name (accelerate's) -> the module it needs
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
@@ -68,7 +68,7 @@ class Trackers:
             try:
                 self.acc = Accelerator(log_with=names, project_dir=str(project_dir))
             except (RuntimeError, ValueError) as e:  # a launch accelerate cannot set up here (FSDP without a GPU)
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                reason = first_line(e)
                 raise OpctError(f"{where}: accelerate could not set up its trackers here: {reason}") from None
             self.acc.init_trackers(name, config=scalars(config or {}))
 

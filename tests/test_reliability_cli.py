@@ -189,6 +189,44 @@ def test_device_cuda_without_cuda(tmp_path, capsys):
                                                                               "--device", "banana"))
 
 
+def test_first_line_of_a_library_error():
+    from opct.errors import first_line
+
+    class BrokenStr(Exception):
+        def __str__(self):
+            raise RuntimeError("no")
+
+    assert first_line(ValueError("bad shape\n  at line 3")) == "bad shape"
+    assert first_line(ValueError("\n\n   real reason  \nmore")) == "real reason"  # leading blank lines skipped
+    assert first_line(RuntimeError()) == first_line(RuntimeError("  \n ")) == "RuntimeError"
+    assert first_line(KeyError(), "unreadable") == "unreadable"
+    assert first_line(BrokenStr()) == "BrokenStr"
+
+
+@pytest.mark.parametrize("where", ["safetensors", "from_pretrained", "device"])
+def test_a_library_error_without_a_message_is_still_one_line(model_copy, tmp_path, capsys, monkeypatch, where):
+    """A library exception whose message is empty (or starts with a blank line) is quoted by its type: cutting the
+    first line of an empty message raised IndexError, a traceback in place of the error."""
+    import safetensors
+    import transformers as tf
+
+    def raise_empty(*a, **k):
+        raise RuntimeError("" if where != "from_pretrained" else "\n")
+
+    extra = []
+    if where == "safetensors":
+        monkeypatch.setattr(safetensors, "safe_open", raise_empty)
+        needle = "damaged or truncated safetensors file (RuntimeError)"
+    elif where == "from_pretrained":
+        monkeypatch.setattr(tf.AutoModelForCausalLM, "from_pretrained", raise_empty)
+        needle = "cannot load model or tokenizer (RuntimeError)"
+    else:
+        monkeypatch.setattr(torch, "device", raise_empty)
+        extra, needle = ["--device", "cpu"], "--device cpu: not a torch device (RuntimeError)"
+    err = cli_error(capsys, _eval(model_copy(), tmp_path / "e", *extra))
+    assert needle in err
+
+
 # ------------------------------------------------------------------------------------------------ global state
 
 def test_commands_in_process_restore_threads_and_rngs(test_organism, tmp_path, capsys):

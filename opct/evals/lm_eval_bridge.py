@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import importlib.util
 
+from opct.errors import first_line
+
 TASKS = ("minerva_math500", "gpqa_diamond_cot_zeroshot", "ifeval")
 PREFIX = "capability.lm_eval"
 
@@ -57,7 +59,8 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
             results = evaluator.simple_evaluate(model=lm, tasks=[task], limit=limit, task_manager=manager,
                                                 apply_chat_template=chat_template)
         except Exception as e:  # noqa: BLE001 - one task's failure (a missing dataset or extra) must not lose the rest
-            message = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            detail = first_line(e, "")
+            message = f"{type(e).__name__}: {detail}" if detail else type(e).__name__
             log(f"capability: lm-eval task {task} failed: {message}")
             if errors is not None:
                 errors[task] = message

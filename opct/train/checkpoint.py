@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from opct import files
-from opct.errors import OpctError
+from opct.errors import OpctError, first_line
 
 PREFIX = "step-"
 
@@ -139,7 +139,7 @@ def write_failed(path: Path, e: Exception, what: str, note: str) -> OpctError:
     "unexpected pos ...": the free space is checked here)."""
     from opct.errors import os_problem
 
-    reason = os_problem(e) if isinstance(e, OSError) else (str(e).splitlines()[0] if str(e) else type(e).__name__)
+    reason = os_problem(e) if isinstance(e, OSError) else first_line(e)
     try:
         if shutil.disk_usage(path.parent if not path.exists() else path).free < (1 << 20):
             reason = "no space left on device"
@@ -199,7 +199,7 @@ def _read(path: Path, accelerator) -> dict:
     except _Damaged:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the readers raise on a broken file (OSError, pickle, zip, ...)
-        raise _Damaged(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'unreadable'}") from None
+        raise _Damaged(f"{type(e).__name__}: {first_line(e, 'unreadable')}") from None
     return out
 
 

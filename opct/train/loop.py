@@ -31,7 +31,7 @@ import torch
 
 from opct import cpu_matmul, files
 from opct.config import require
-from opct.errors import OpctError
+from opct.errors import OpctError, first_line
 from opct.pairs.schema import Pair, load_pairs
 from opct.policy import HFPolicy, load_policy
 from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, save_checkpoint, write_failed)
@@ -115,7 +115,7 @@ def _continue_adapter(model, path):
         student = PeftModel.from_pretrained(model, path, is_trainable=True)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         raise OpctError(f"{path}: cannot continue this adapter on {config_model(model)} "
-                        f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+                        f"({first_line(e)})") from None
     _disable_dropout(student)
     return student
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from opct.errors import OpctError
+from opct.errors import OpctError, first_line
 
 
 def _kind(accelerator) -> str:
@@ -79,7 +79,7 @@ def accelerator(bf16: bool, **kwargs):
     except (RuntimeError, ValueError) as e:
         launch = ", ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
                            if k.startswith("ACCELERATE_USE_") and v.lower() == "true") or "no accelerate launch flags"
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise OpctError(f"accelerate could not set up this run ({launch}): {reason}") from None
     check_sharding(acc)
     check_precision(acc, bf16)
