@@ -141,10 +141,17 @@ def test_cli_smoke_config_file_and_resume(tmp_path, model_dir, pairs_file, capsy
     assert {"adapter", "optimizer.pt", "scheduler.pt", "rng-0.pt", "state.json"} <= {p.name for p in ckpt.iterdir()}
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} <= {
         p.name for p in (out / "final").iterdir()}
+    assert "more than once" not in capsys.readouterr().err
     # continue the finished run for one more step
     assert main(_cli_args(model_dir, pairs_file, out, "--config", str(cfg_file), "--max-steps", "3", "--resume")) == 0
     assert [r["step"] for r in metrics(out)] == [1, 2, 3]
     capsys.readouterr()
+    # a step larger than the pairs file repeats pairs within the step: said, not silent
+    few = tiny_lm.write_pairs(tmp_path / "few.jsonl", tiny_lm.make_pairs()[:3])
+    assert main(_cli_args(model_dir, few, tmp_path / "few", "--max-steps", "1", "--grad-accum", "2")) == 0
+    err = capsys.readouterr().err
+    assert "opct: note: a step takes 8 pairs (batch size x grad accum x processes) but " in err, err[:600]
+    assert f"{few} has 2 of split 'train': each step holds some of them more than once" in err, err[:600]
 
 
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, model_dir, pairs_file):

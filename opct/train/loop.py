@@ -248,6 +248,10 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     set_seed(config.seed, device_specific=True)
 
     pairs = select_pairs(config)
+    if (per_step := config.batch_size * config.grad_accum * acc.num_processes) > len(pairs) and acc.is_main_process:
+        which = "" if config.split == "all" else f" of split {config.split!r}"
+        print(f"opct: note: a step takes {per_step} pairs (batch size x grad accum x processes) but {config.pairs} "
+              f"has {len(pairs)}{which}: each step holds some of them more than once", file=sys.stderr)
     from opct.subjects import resolve
 
     model_dir = resolve(config.model)[0]
