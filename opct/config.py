@@ -256,8 +256,7 @@ def load_config_file(path) -> dict:
     except RecursionError:
         raise OpctError(f"{path}: cannot parse config: nested too deeply") from None
     except Exception as e:  # noqa: BLE001 - any parse error becomes a user error naming the file
-        raise OpctError(f"{path}: cannot parse config: {first_line(e)}") \
-            from None
+        raise OpctError(f"{path}: cannot parse config: {first_line(e)}") from None
     if not isinstance(data, dict):
         raise OpctError(f"{path}: a config file must hold a mapping of field names to values")
     return data

@@ -149,8 +149,7 @@ def convert(gguf: Path, out: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(**where)
         model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
-        raise OpctError(f"{gguf}: cannot read it as a GGUF model ({first_line(e)})") \
-            from None
+        raise OpctError(f"{gguf}: cannot read it as a GGUF model ({first_line(e)})") from None
     # The weights are plain float32 tensors now; what still says "quantized" would make save_pretrained refuse.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
