@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from opct import files
-from opct.errors import OpctError, first_line
+from opct.errors import OpctError, first_line, os_problem
 
 PREFIX = "step-"
 
@@ -137,8 +137,6 @@ def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler
 def write_failed(path: Path, e: Exception, what: str, note: str) -> OpctError:
     """The error to raise when writing `what` into `path` failed with `e` (torch.save on a full disk says only
     "unexpected pos ...": the free space is checked here)."""
-    from opct.errors import os_problem
-
     reason = os_problem(e) if isinstance(e, OSError) else first_line(e)
     try:
         if shutil.disk_usage(path.parent if not path.exists() else path).free < (1 << 20):

@@ -114,8 +114,7 @@ def _continue_adapter(model, path):
     try:
         student = PeftModel.from_pretrained(model, path, is_trainable=True)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
-        raise OpctError(f"{path}: cannot continue this adapter on {config_model(model)} "
-                        f"({first_line(e)})") from None
+        raise OpctError(f"{path}: cannot continue this adapter on {config_model(model)} ({first_line(e)})") from None
     _disable_dropout(student)
     return student
 
@@ -248,7 +247,8 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     set_seed(config.seed, device_specific=True)
 
     pairs = select_pairs(config)
-    if (per_step := config.batch_size * config.grad_accum * acc.num_processes) > len(pairs) and acc.is_main_process:
+    per_step = config.batch_size * config.grad_accum * acc.num_processes  # pairs per optimizer step, all processes
+    if per_step > len(pairs) and acc.is_main_process:
         which = "" if config.split == "all" else f" of split {config.split!r}"
         print(f"opct: note: a step takes {per_step} pairs (batch size x grad accum x processes) but {config.pairs} "
               f"has {len(pairs)}{which}: each step holds some of them more than once", file=sys.stderr)
@@ -308,7 +308,6 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         acc.init_trackers(f"{out.name}-{config.method}", config=scalars(asdict(config)))
     bar = tqdm(total=total_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,
                disable=not acc.is_main_process)
-    per_step = config.batch_size * config.grad_accum * acc.num_processes
     for step in range(start + 1, total_steps + 1):
         t0 = time.perf_counter()
         run.step = step - 1
