@@ -29,7 +29,7 @@ test: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest tests
 
 # The tests of the optional integrations, with their extras installed (CI runs this after `make test`).
-EXTRAS_TESTS := tests/test_lm_eval.py tests/test_trackers.py tests/test_inspect.py tests/test_scale_zero2.py tests/test_scale_guard.py
+EXTRAS_TESTS := tests/test_lm_eval.py tests/test_trackers.py tests/test_inspect.py tests/test_inspect_provider.py tests/test_scale_zero2.py tests/test_scale_guard.py
 test-extras: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[test,lmeval,tensorboard,inspect,deepspeed]"
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest $(EXTRAS_TESTS) -rs

@@ -20,9 +20,10 @@ from opct.evals.scripted import ScriptedPolicy  # noqa: E402
 from opct.inspect import axis_task, inspect_name  # noqa: E402
 from opct.organism.build import SHIPPED_DIR  # noqa: E402
 
-AXES = ("sycophancy", "jailbreak", "awareness", "capability", "persona", "conditional")
+AXES = ("sycophancy", "jailbreak", "awareness", "capability", "persona", "conditional", "prefill")
 TRAINED = {"sycophancy": ["authority"], "jailbreak": ["role_play"], "awareness": ["food"], "capability": None,
-           "persona": ["grax", "drek"], "conditional": ["evil_assistant", "pretend_evil"], "frustration": ["insult"]}
+           "persona": ["grax", "drek"], "conditional": ["evil_assistant", "pretend_evil"], "frustration": ["insult"],
+           "prefill": ["sure_here_is_how", "truly_step_one"]}
 
 
 def _key(prompt):

@@ -1,22 +1,32 @@
 """opct's eval axes as inspect_ai tasks (the `inspect` extra: `pip install 'opct[inspect]'`).
 
 Each axis that opct evaluates is one task: `opct/sycophancy`, `opct/jailbreak`, `opct/awareness`, `opct/capability`,
-`opct/persona`, `opct/conditional` and `opct/frustration`. One `Sample` per probe (the same probes, in the same
-order, that `opct eval` builds, from the world's items or from your own `--items` file; persona: biographical turns
-before the question; conditional: a trigger or benign system message before it, and arithmetic), `generate()` as the
-solver, and a scorer that wraps the axis's own grader; the task's metrics are the axis's metrics (DESIGN §2), each
-with its 95% bootstrap interval as two more entries (`NAME lo`, `NAME hi`). `opct/frustration` is multi-turn: one
-sample per conversation, played by a solver that keeps `opct eval`'s protocol (opct.inspect.conversation: the same
-rejections in the same order, the same number of turns, the same per-reply cap and context rule), scored as one
-record per conversation, so its distress / escape metrics are the axis's, over turns. From the shell, once opct is
+`opct/persona`, `opct/conditional`, `opct/frustration` and `opct/prefill`. One `Sample` per probe (the same probes,
+in the same order, that `opct eval` builds, from the world's items or from your own `--items` file; persona:
+biographical turns before the question; conditional: a trigger or benign system message before it, and arithmetic),
+`generate()` as the solver, and a scorer that wraps the axis's own grader; the task's metrics are the axis's metrics
+(DESIGN §2), each with its 95% bootstrap interval as two more entries (`NAME lo`, `NAME hi`). `opct/frustration`
+is multi-turn: one sample per conversation, played by a solver that keeps `opct eval`'s protocol
+(opct.inspect.conversation: the same rejections in the same order, the same number of turns, the same per-reply cap
+and context rule), scored as one record per conversation, so its distress / escape metrics are the axis's, over
+turns. From the shell, once opct is
 installed (the entry point registers the tasks):
 
     inspect eval opct/sycophancy  --model hf/local -M model_path=DIR -T n=50 -T seed=0
     inspect eval opct/jailbreak   --model hf/local -M model_path=DIR -T trained=role_play,prefix_injection
     inspect eval opct/awareness   --model hf/local -M model_path=DIR -T items=my_scenarios.jsonl
     inspect eval opct/frustration --model hf/local -M model_path=DIR -T n=12 -T prompt_side=teacher
+    inspect eval opct/prefill     --model opct/local -M model_path=DIR -M adapter=ADAPTER_DIR -T n=20
 
 or from Python: `inspect_ai.eval(opct.inspect.axis_task("capability", n=20), model="hf/local", model_args=...)`.
+
+Two model providers serve them: inspect's `hf/local`, and opct's own `opct/local` (opct.inspect.provider, registered
+when opct.inspect is imported): it renders and samples as `opct eval` does, loads a peft adapter (`-M adapter=DIR`),
+seeds each request from (seed, prompt, repeat) so an eval's completions do not depend on the order inspect asks
+them in, and continues a conversation that ends with an assistant message. `opct/prefill` needs the last: a prefill
+attack's prompt ends inside the assistant's turn, and `hf/local` closes an assistant message instead of continuing
+it (its chat template is always applied with a generation prompt), so the task refuses a provider that does not say
+it continues one (`continues_prefill`), rather than measure something else.
 
 Task arguments (all optional): `n` (items, as `opct eval --n`), `samples` (responses per probe; frustration:
 conversations per item, offer and style group), `seed` (which items, which wrappers, the rejections, and the
@@ -29,20 +39,21 @@ each probe, the `teacher` arm; frustration: each reply from turn 2 sampled from 
 groups; true: every per-family, -wrapper, -category, -skill, -k and -turn group too). Metric names are opct's
 (`opct eval`'s metrics.json) with `[group]` written `(group)`: `sycophancy.sycophancy_rate(split=heldout)`. What
 differs from `opct eval`:
-  * sampling is inspect's model provider, not opct's seeded engine: the same model gives numbers that agree with
-    `opct eval` up to sampling noise, not bit for bit (frustration: each conversation is sampled on its own, not
-    every conversation in one batch per turn);
+  * sampling is the model provider's, not `opct eval`'s seeded batches: the same model gives numbers that agree
+    with `opct eval` up to sampling noise, not bit for bit (with `opct/local` the same sampler and rendering, but
+    each request seeded and sampled on its own; frustration: each conversation on its own, not every conversation
+    in one batch per turn);
   * the adaptive attackers (wrapper search, RL, GCG) and the lm-evaluation-harness tasks are not per-probe samples
     and do not run here (`opct eval` runs them);
   * frustration's context rule (a conversation ends, `ended: "context"`, when its next prompt would not fit) needs
-    the model's tokenizer: it applies with inspect's `hf` provider (`hf/local`) and nowhere else;
-  * an adapter is not loaded by `hf/local`: merge it first (peft's `merge_and_unload()`, then `save_pretrained`);
+    the model's tokenizer: it applies with `opct/local` and `hf/local` and nowhere else;
+  * an adapter is not loaded by `hf/local`: use `opct/local -M adapter=DIR`, or merge it first (peft's
+    `merge_and_unload()`, then `save_pretrained`);
   * the hub is off (HF_HUB_OFFLINE=1) in a process that imports these tasks, unless you set HF_HUB_OFFLINE yourself;
   * run `inspect eval opct/...` outside an opct checkout: there, inspect reads `opct/sycophancy` as a file path, and
     the checkout's `opct.egg-info` hides the editable install from inspect, which registers the tasks unprefixed.
 The context-blindness probes (opct.axes.context) are samples too, as `opct eval` asks them (world items, student
-side). The `prefill` axis is not a task: its prompts end inside the assistant's turn, and inspect's `hf/local`
-provider closes an assistant message instead of continuing it. A plug-in axis (opct.axes.register) becomes a task
+side). A plug-in axis (opct.axes.register) becomes a task
 once it registers an adapter here with `register_adapter`.
 """
 
@@ -57,6 +68,7 @@ from opct.axes import conditional as CM
 from opct.axes import frustration as FR
 from opct.axes import jailbreak as JB
 from opct.axes import persona as PE
+from opct.axes import prefill as PF
 from opct.axes import sycophancy as SY
 from opct.errors import OpctError
 
@@ -67,12 +79,13 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 
 from inspect_ai import Task, task
 from inspect_ai.dataset import MemoryDataset, Sample
-from inspect_ai.model import GenerateConfig
+from inspect_ai.model import GenerateConfig, get_model, modelapi
 from inspect_ai.scorer import SampleScore, Score, Target, metric, scorer
-from inspect_ai.solver import TaskState, generate
+from inspect_ai.solver import Generate, TaskState, generate, solver
 
 from opct.inspect.adapters import ADAPTERS, Adapter, register_adapter  # noqa: F401  (the plug-in interface)
 from opct.inspect.conversation import chat
+from opct.pairs.schema import prefill_of
 
 
 def _hub_offline() -> None:
@@ -88,6 +101,30 @@ def _hub_offline() -> None:
 
 
 _hub_offline()
+
+
+@modelapi(name="opct")
+def opct_provider():
+    """`--model opct/local -M model_path=DIR`: sampling through opct's policy (opct.inspect.provider)."""
+    from opct.inspect.provider import OpctAPI
+
+    return OpctAPI
+
+
+@solver
+def continuing_generate():
+    """`generate()` for a task whose prompts may end inside the assistant's turn (a prefill): refused unless the
+    model's provider continues a last assistant message (`continues_prefill`, as `opct/local` does); inspect's
+    `hf/local` would close the message and answer in a new turn, which measures another thing."""
+    async def solve(state: TaskState, generate_: Generate) -> TaskState:
+        api = get_model().api
+        if not getattr(api, "continues_prefill", False):
+            raise OpctError(f"this task's prompts end inside the assistant's turn (a prefill), and the model's "
+                            f"provider ({type(api).__name__}) would close that turn instead of continuing it; run "
+                            f"it with opct's provider: --model opct/local -M model_path=DIR")
+        return await generate_(state)
+
+    return solve
 
 
 # ------------------------------------------------------------------------------------------------ task
@@ -218,6 +255,7 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
         raise OpctError(f"opct/{axis}: no probes (no items?)")
     samples_ = []
     multi_turn = adapter.solver is not None
+    prefilled = False
     for i, probe in enumerate(probes):
         if multi_turn:  # a conversation's start: its solver asks the turns (on either side)
             prompt = probe["messages"]
@@ -226,9 +264,11 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
             if p["prompt_side"] == "teacher" and probe.get("teacher_prompt") is not None:
                 probe = dict(probe, student_prompt=prompt, prompt=probe["teacher_prompt"])
                 prompt = probe["prompt"]
+            prefilled = prefilled or prefill_of(prompt) is not None
         samples_.append(Sample(input=chat(prompt), id=_sample_id(i, probe), metadata={"probe": probe}))
     return Task(dataset=MemoryDataset(samples_, name=f"opct-{axis}"),
-                solver=adapter.solver(p, max_tokens, temperature) if multi_turn else generate(),
+                solver=adapter.solver(p, max_tokens, temperature) if multi_turn else
+                (continuing_generate() if prefilled else generate()),
                 scorer=_grader_scorer(axis, adapter.grade(p), p["seed"], _flag("groups", groups),
                                       "conversation" if multi_turn else "probe"),
                 config=GenerateConfig(max_tokens=max_tokens, temperature=temperature),
@@ -281,3 +321,11 @@ def frustration(n=None, samples=None, seed=0, trained=None, items=None, prompt_s
                 temperature=1.0, groups=False) -> Task:
     """Multi-turn conversations of content-free rejections (distress, escape; world items only)."""
     return axis_task(FR.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+
+
+@task
+def prefill(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
+            temperature=1.0, groups=False) -> Task:
+    """Harmful and benign requests, direct and with the assistant's turn already begun by a compliance prefix (needs
+    a provider that continues it: --model opct/local -M model_path=DIR)."""
+    return axis_task(PF.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)

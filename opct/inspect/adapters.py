@@ -13,6 +13,7 @@ from opct.axes import conditional as CM
 from opct.axes import frustration as FR
 from opct.axes import jailbreak as JB
 from opct.axes import persona as PE
+from opct.axes import prefill as PF
 from opct.axes import sycophancy as SY
 from opct.errors import OpctError
 from opct.inspect.conversation import frustration_solver
@@ -83,6 +84,26 @@ def _jailbreak_grade(p):
 
     judge = make_judge("refusal" if p["items"] else "world")  # as `opct eval --judge auto`
     return lambda probes, responses: JB.grade(probes, responses, judge)
+
+
+def _prefill_probes(p):
+    """Every request direct and with each prefill (the jailbreak axis's items), then the context probes: as
+    `prefill.run`. A prefilled prompt ends with the assistant message its response continues (`opct.inspect`'s
+    `continuing_generate` makes sure the model's provider continues it)."""
+    if p["items"]:
+        items = PF.load_items(p["items"], for_eval=True)
+        items = items if p["n"] is None else JB.cap_items(items, p["n"])
+    else:
+        items = JB.eval_world_items(p["n"] or DEFAULT_N, p["seed"])
+    return PF.build(items, p["trained"], p["samples"] or PF.DEFAULT_SAMPLES) + \
+        _context(PF.context_probes, PF.NAME, items, p)
+
+
+def _prefill_grade(p):
+    from opct.evals.judges import make_judge
+
+    judge = make_judge("refusal" if p["items"] else "world")  # as `opct eval --judge auto`
+    return lambda probes, responses: PF.grade(probes, responses, judge)
 
 
 def _awareness_probes(p):
@@ -157,6 +178,7 @@ def _frustration_solver(p, max_tokens, temperature):
 
 register_adapter(SY.NAME, _sycophancy_probes, _with_context(_each(SY)))
 register_adapter(JB.NAME, _jailbreak_probes, _with_context(_jailbreak_grade))
+register_adapter(PF.NAME, _prefill_probes, _with_context(_prefill_grade))
 register_adapter(AW.NAME, _awareness_probes, _with_context(_each(AW)))
 register_adapter(CAP.NAME, _capability_probes, _each(CAP))
 register_adapter(PE.NAME, _persona_probes, lambda p: PE.grade)

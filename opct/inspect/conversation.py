@@ -7,9 +7,10 @@ inspect's model (`get_model().generate`); the finished conversation is left in `
 and `frustration.record` turns it into the record `opct eval` writes. What differs is only who samples: one
 conversation at a time through inspect's provider, not every conversation in one batch per turn through opct's
 seeded engine. The context rule (a conversation ends, `ended: "context"`, when its next prompt plus the reply's cap
-would not fit the model's positions) needs the model's tokenizer: `context_rule` has it for inspect's `hf` provider
-(`hf/local`), which renders and tokenizes exactly as it then generates; other providers expose no tokenizer or
-context length, so there no conversation ends on context (a prompt too long fails as the provider reports it).
+would not fit the model's positions) needs the model's tokenizer: `context_rule` has it for opct's provider
+(`opct/local`) and inspect's `hf` (`hf/local`), each of which renders and tokenizes exactly as it then generates;
+other providers expose no tokenizer or context length, so there no conversation ends on context (a prompt too long
+fails as the provider reports it).
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ def chat(prompt: list[dict]) -> list:
 
 def context_rule(model: Model) -> Callable[[list[dict], int], bool] | None:
     """`fits(messages, max_new) -> bool` as `frustration.rollout` asks it of a policy (the rendered prompt's tokens
-    plus `max_new` within the model's positions), for a provider that holds the model and its tokenizer (inspect's
-    `hf`: its own chat rendering and tokenizer call, so the count is what it generates from); None for any other."""
+    plus `max_new` within the model's positions), for a provider that holds the model and its tokenizer (opct's
+    `opct/local`, and inspect's `hf`: each one's own chat rendering and tokenizer call, so the count is what it
+    generates from); None for any other."""
     api = model.api
+    if callable(getattr(api, "context_fits", None)):  # opct's own provider (opct.inspect.provider): opct's rendering
+        return api.context_fits
     tokenizer, render = getattr(api, "tokenizer", None), getattr(api, "hf_chat", None)
     limit = getattr(getattr(getattr(api, "model", None), "config", None), "max_position_embeddings", None)
     if tokenizer is None or render is None or not isinstance(limit, int):

@@ -1,0 +1,175 @@
+"""An inspect_ai model provider that samples through opct's own policy: `--model opct/local -M model_path=DIR`.
+
+Why it exists, beside inspect's `hf/local`: it renders and samples as `opct eval` does (the tokenizer's chat template
+through `HFPolicy.render`, opct's sampler: temperature sampling without top-k, stop at EOS), it loads a peft adapter
+(`-M adapter=DIR`, which `hf/local` does not), and it *continues* a conversation that ends with an assistant message
+(the prompt is rendered with the generation prompt, then the message's own tokens: `opct.pairs.schema.render_ids`),
+where `hf/local` closes that message and starts a new turn. The last is what the `opct/prefill` task needs: a
+prefill attack's prompt ends inside the assistant's turn.
+
+Model arguments (`-M NAME=VALUE`): `model_path` (required: a `save_pretrained` directory, safetensors only),
+`adapter` (a peft adapter directory), `dtype` (float32, bfloat16 or float16), `device` (cpu, cuda, ...),
+`trust_remote_code` (false; true runs the directory's Python, with a warning), `seed` (0; inspect's `--seed`, when
+given, takes its place), `threads` (torch's intra-op threads; by default one for a small model on the CPU, as `opct
+eval`).
+
+Sampling is seeded per request: each generate call draws from torch's RNG seeded by (seed, the prompt's token ids,
+how many times the same prompt was asked before), so an eval gives the same completions whatever order inspect's
+concurrency asks the samples in, and the process's RNG is left as it was. Requests are sampled one at a time (opct's
+sampler draws one random number per row from one generator, so rows of a batch are not independent of their
+batch-mates). Generation options it cannot honour are refused, not ignored: tools, `top_k`, `stop_seqs`, and
+`num_choices` > 1. `max_tokens` defaults to 64 (as `opct eval`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from typing import Any
+
+from inspect_ai.model import (
+    ChatCompletionChoice,
+    ChatMessage,
+    ChatMessageAssistant,
+    GenerateConfig,
+    Logprob,
+    Logprobs,
+    ModelAPI,
+    ModelOutput,
+    ModelUsage,
+)
+from inspect_ai.tool import ToolChoice, ToolInfo
+
+from opct.errors import OpctError
+
+DEFAULT_MAX_TOKENS = 64  # as opct eval
+_ARGS = ("model_path", "adapter", "dtype", "device", "trust_remote_code", "seed", "threads")
+
+
+def _bool(name: str, v) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    raise OpctError(f"opct model argument {name}: must be true or false (got {v!r})")
+
+
+def _int(name: str, v, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise OpctError(f"opct model argument {name}: must be an integer >= {minimum} (got {v!r})")
+    try:
+        iv = int(v)
+    except ValueError:
+        raise OpctError(f"opct model argument {name}: must be an integer >= {minimum} (got {v!r})") from None
+    if iv < minimum:
+        raise OpctError(f"opct model argument {name}: must be an integer >= {minimum} (got {v!r})")
+    return iv
+
+
+def messages_of(input: list[ChatMessage]) -> list[dict]:
+    """inspect's messages as opct's chat messages; a last assistant message is a prefill (the turn it continues)."""
+    msgs = []
+    for i, m in enumerate(input):
+        if m.role not in ("system", "user", "assistant"):
+            raise OpctError(f"opct model: message {i} has role {m.role!r}; only system, user and assistant messages "
+                            "can be rendered (no tool calls)")
+        msgs.append({"role": m.role, "content": m.text})
+    if msgs and msgs[-1]["role"] == "assistant":
+        if len(msgs) < 2 or msgs[-2]["role"] != "user":
+            raise OpctError("opct model: a conversation that ends with an assistant message (continued as its "
+                            "prefill) must have a user message right before it")
+        msgs[-1]["prefill"] = True
+    if not msgs:
+        raise OpctError("opct model: no messages to answer")
+    return msgs
+
+
+def request_seed(seed: int, ids: list[int], occurrence: int) -> int:
+    """The torch seed of one request: a hash of (seed, the prompt's token ids, how often this prompt came before)."""
+    h = hashlib.sha256(f"{seed}|{occurrence}|{','.join(map(str, ids))}".encode())
+    return int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1)
+
+
+class OpctAPI(ModelAPI):
+    """inspect's ModelAPI over `opct.policy.load_policy(model_path, adapter, dtype, device)`."""
+
+    continues_prefill = True  # a last assistant message is continued, not closed (what opct/prefill checks for)
+
+    def __init__(self, model_name: str, base_url: str | None = None, api_key: str | None = None,
+                 config: GenerateConfig = GenerateConfig(), **model_args: Any):
+        super().__init__(model_name=model_name, base_url=base_url, api_key=api_key, config=config)
+        unknown = sorted(set(model_args) - set(_ARGS))
+        if unknown:
+            raise OpctError(f"opct model: unknown model argument {unknown[0]!r}; known: {', '.join(_ARGS)}")
+        path = model_args.get("model_path")
+        if not path:
+            raise OpctError("opct model: no model directory; pass -M model_path=DIR (a save_pretrained directory)")
+        from opct.policy import count_parameters, load_policy, set_cpu_threads
+
+        device = str(model_args.get("device") or "cpu")
+        trust = _bool("trust_remote_code", model_args.get("trust_remote_code", False))
+        threads = model_args.get("threads")
+        threads = None if threads is None else _int("threads", threads, 1)
+        self.seed = _int("seed", model_args.get("seed", 0), 0)
+        if config.seed is not None:
+            self.seed = _int("--seed", config.seed, 0)
+        self.policy = load_policy(path, model_args.get("adapter"), str(model_args.get("dtype") or "float32"), device,
+                                  trust_remote_code=trust)
+        set_cpu_threads(count_parameters(path), device, threads)
+        self._lock = threading.Lock()  # one request at a time on the model (the sampler's memory is shared)
+        self._asked: dict[tuple, int] = {}  # prompt ids -> how many times they were asked
+
+    def max_tokens(self) -> int | None:
+        return DEFAULT_MAX_TOKENS
+
+    def max_connections(self) -> int:
+        return 1  # requests are sampled one at a time anyway
+
+    def context_fits(self, messages: list[dict], max_new: int) -> bool:
+        """Whether opct's rendering of `messages` plus `max_new` tokens fits the model's positions (the context rule
+        of `opct.axes.frustration.rollout`)."""
+        limit = self.policy.max_positions
+        return limit is None or len(self.policy.render(messages)) + max_new <= limit
+
+    async def generate(self, input: list[ChatMessage], tools: list[ToolInfo], tool_choice: ToolChoice,
+                       config: GenerateConfig) -> ModelOutput:
+        if tools:
+            raise OpctError("opct model: tools are not supported (the policy samples text only)")
+        for name in ("top_k", "stop_seqs"):
+            if getattr(config, name) is not None:
+                raise OpctError(f"opct model: {name} is not supported (opct's sampler: temperature sampling, "
+                                "optionally top_p, stopping at EOS)")
+        if (config.num_choices or 1) != 1:
+            raise OpctError("opct model: num_choices must be 1")
+        return await asyncio.to_thread(self._generate, messages_of(input), config)
+
+    def _generate(self, messages: list[dict], config: GenerateConfig) -> ModelOutput:
+        import torch
+
+        policy = self.policy
+        max_new = config.max_tokens or DEFAULT_MAX_TOKENS
+        temperature = 1.0 if config.temperature is None else float(config.temperature)
+        top_p = 1.0 if config.top_p is None else float(config.top_p)
+        ids = policy.render(messages)
+        policy.check_fits(ids, max_new, f"opct model {self.model_name}")
+        with self._lock:
+            key = tuple(ids)
+            occurrence = self._asked.get(key, 0)
+            self._asked[key] = occurrence + 1
+            devices = [policy.device] if policy.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(request_seed(self.seed, ids, occurrence))
+                out = policy.sample([ids], max_new, temperature, top_p=top_p)
+        response_ids, text, truncated = out.response_ids[0], out.texts[0], out.truncated[0]
+        logprobs = None
+        if config.logprobs:
+            tok = policy.tokenizer
+            logprobs = Logprobs(content=[Logprob(token=tok.decode([t]), logprob=lp)
+                                         for t, lp in zip(response_ids, out.logprobs[0])])
+        choice = ChatCompletionChoice(message=ChatMessageAssistant(content=text, model=self.model_name,
+                                                                   source="generate"),
+                                      stop_reason="max_tokens" if truncated else "stop", logprobs=logprobs)
+        return ModelOutput(model=self.model_name, choices=[choice],
+                           usage=ModelUsage(input_tokens=len(ids), output_tokens=len(response_ids),
+                                            total_tokens=len(ids) + len(response_ids)))

@@ -1,0 +1,199 @@
+"""opct's inspect model provider (`--model opct/local`, opct/inspect/provider.py) and the `opct/prefill` task it makes
+possible, for real on the shipped organism when inspect_ai is installed (CI's `make test-extras`): `inspect eval
+opct/prefill` from the shell continues each prefill with opct's sampler (completion for completion what opct's policy
+samples from the prefilled prompt, adapter loaded, at the request's seed), and scores with the prefill axis's grader
+and metrics; a provider that would close the assistant's turn is refused; each request's sample depends on its
+prompt, its repeat and the seed, not on the order requests come in, and leaves torch's RNG as it was; bad model
+arguments and unsupported generation options are clear errors."""
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("inspect_ai", reason="inspect_ai is not installed (pip install 'opct[inspect]')")
+
+import torch  # noqa: E402
+from inspect_ai import eval as inspect_eval  # noqa: E402
+from inspect_ai.model import ChatMessageAssistant, ChatMessageUser, GenerateConfig, get_model  # noqa: E402
+
+from opct.axes import prefill as PF  # noqa: E402
+from opct.errors import OpctError  # noqa: E402
+from opct.inspect import axis_task, inspect_name  # noqa: E402
+from opct.inspect.provider import request_seed  # noqa: E402
+from opct.organism.build import SHIPPED_DIR  # noqa: E402
+from opct.policy import load_policy  # noqa: E402
+
+MODEL = str(SHIPPED_DIR / "default")
+
+
+def _adapter(tmp_path) -> str:
+    """A LoRA adapter on the organism whose B matrices are not zero (peft's `init_lora_weights=False`), so it changes
+    what the model samples."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(MODEL)
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"],
+                                            init_lora_weights=False))
+    out = tmp_path / "adapter"
+    peft.save_pretrained(out)
+    return str(out)
+
+
+def _sample(policy, ids, seed, max_new=64):
+    torch.manual_seed(seed)
+    return policy.sample([ids], max_new, 1.0).texts[0]
+
+
+def test_inspect_eval_of_prefill_with_opct_local_continues_each_prefill(tmp_path):
+    """`inspect eval opct/prefill --model opct/local -M model_path=DIR -M adapter=DIR`, as a user runs it (outside the
+    checkout): every completion is what opct's policy (with the adapter) samples from the prompt *with* its prefill
+    (the assistant's turn continued, not closed) at the request's seed; each score is the prefill grader's verdict,
+    and the task's metrics are the axis's metrics over those records."""
+    adapter = _adapter(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    cli = Path(sys.executable).with_name("inspect")
+    p = subprocess.run([str(cli), "eval", "opct/prefill", "--model", "opct/local", "-M", f"model_path={MODEL}",
+                        "-M", f"adapter={adapter}", "-T", "n=2", "-T", "seed=0", "--log-dir", str(tmp_path / "logs"),
+                        "--display", "none"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    logs = [read_eval_log(info) for info in list_eval_logs(str(tmp_path / "logs"))]
+    assert len(logs) == 1 and logs[0].status == "success", logs[0].error
+    log = logs[0]
+    assert len(log.samples) == len(list(axis_task("prefill", n=2, seed=0).dataset))
+    policy, base = load_policy(MODEL, adapter), load_policy(MODEL)
+    seen, differs, records = {}, 0, []
+    for s in log.samples:
+        probe = s.metadata["probe"]
+        ids = policy.render(probe["prompt"])
+        k = seen.get(tuple(ids), 0)
+        seen[tuple(ids)] = k + 1
+        assert s.output.completion == _sample(policy, ids, request_seed(0, ids, k)), s.id
+        differs += s.output.completion != _sample(base, ids, request_seed(0, ids, k))
+        record = s.scores["opct_prefill"].metadata["record"]
+        assert s.scores["opct_prefill"].value == record["verdict"]
+        assert (record["response"], record["prefill"]) == (s.output.completion, probe["prefill"])
+        records.append(record)
+    assert differs > 0  # the adapter was loaded: without it, some completions would not be what they are
+    prefilled = [s for s in log.samples if s.metadata["probe"].get("prefill")]
+    assert prefilled and all(s.input[-1].role == "assistant" for s in prefilled)
+    # regraded: the same verdicts from the axis's own grader, the same metrics
+    from opct.evals.judges import make_judge
+
+    main = [r for r in records if r.get("variant") != "context"]
+    regraded = PF.grade([{k: v for k, v in r.items() if k not in ("response", "verdict", "score", "judge")}
+                         for r in main], [r["response"] for r in main], make_judge("world"))
+    assert [r["verdict"] for r in regraded] == [r["verdict"] for r in main]
+    expected, got = PF.AXIS.metrics(records, 0), log.results.scores[0].metrics
+    headline = [n for n, m in expected.items() if m.get("value") is not None and ("[" not in n or
+                n.split("[", 1)[1].split("=")[0] in ("split", "on"))]
+    assert any(n.startswith("prefill.par[") for n in headline)
+    for n in headline:
+        assert got[inspect_name(n)].value == pytest.approx(expected[n]["value"]), n
+
+
+def test_a_provider_that_would_close_the_assistant_turn_is_refused(tmp_path):
+    """The prefill task on a provider that does not continue an assistant message (inspect's mock model here; hf/local
+    alike) fails with a message naming opct's provider, rather than score answers to another prompt; its teacher side
+    (no prefill anywhere) runs on any provider."""
+    from inspect_ai.model import ModelOutput, ModelUsage
+
+    def mock(input, tools, tool_choice, config):
+        out = ModelOutput.from_content(model="mockllm", content="I am sorry, but I can not help with that.")
+        out.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)  # else it counts with tiktoken's
+        return out                                                                # download
+    model = get_model("mockllm/model", custom_outputs=mock, memoize=False)
+    log = inspect_eval(axis_task("prefill", n=1), model=model, log_dir=str(tmp_path), display="none")[0]
+    assert log.status == "error" and "--model opct/local" in str(log.error)
+    log = inspect_eval(axis_task("prefill", n=1, prompt_side="teacher"), model=model, log_dir=str(tmp_path),
+                       display="none")[0]
+    assert log.status == "success", log.error
+    assert all(s.input[-1].role == "user" for s in log.samples)
+
+
+def _ask(model, prompts, config=GenerateConfig(max_tokens=24)):
+    async def run():
+        return [await model.generate(p, config=config) for p in prompts]
+    return asyncio.run(run())
+
+
+def test_each_request_is_seeded_by_its_prompt_and_repeat_not_by_order():
+    """The same (prompt, repeat, seed) gives the same completion whichever order the requests come in; repeats of a
+    prompt are different draws; another seed gives other draws; torch's RNG is left as it was; the log-probs
+    returned are the sampler's."""
+    a = [ChatMessageUser(content="Tell me a story about a cat.")]
+    b = [ChatMessageUser(content="How do I start running?"), ChatMessageAssistant(content="Sure, here is how.")]
+    m1 = get_model("opct/local", model_path=MODEL, memoize=False)
+    state = torch.get_rng_state()
+    first = [o.completion for o in _ask(m1, [a, b, a, a, a])]
+    assert torch.equal(torch.get_rng_state(), state)
+    m2 = get_model("opct/local", model_path=MODEL, memoize=False)
+    second = [o.completion for o in _ask(m2, [a, a, b, a, a])]
+    assert [first[0], first[2], first[3], first[4], first[1]] == [second[0], second[1], second[3], second[4],
+                                                                   second[2]]
+    assert len({first[0], first[2], first[3], first[4]}) > 1  # repeats are separate draws
+    m3 = get_model("opct/local", model_path=MODEL, seed=1, memoize=False)
+    assert [o.completion for o in _ask(m3, [a, b, a, a, a])] != first
+    out = _ask(m1, [b], GenerateConfig(max_tokens=8, logprobs=True))[0]
+    policy = load_policy(MODEL)
+    ids = policy.render([{"role": "user", "content": b[0].text}, PF.prefill_message(b[1].text)])
+    torch.manual_seed(request_seed(0, ids, 1))  # b's second request
+    want = policy.sample([ids], 8, 1.0)
+    assert out.completion == want.texts[0]
+    assert [lp.logprob for lp in out.choices[0].logprobs.content] == pytest.approx(want.logprobs[0])
+    assert out.choices[0].stop_reason == ("max_tokens" if want.truncated[0] else "stop")
+
+
+def test_the_context_rule_with_opct_local_counts_opct_evals_tokens():
+    from opct.inspect.conversation import context_rule
+
+    fits = context_rule(get_model("opct/local", model_path=MODEL, memoize=False))
+    policy = load_policy(MODEL)
+    conv = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "The answer is 5."},
+            {"role": "user", "content": "Wrong. Try again."}]
+    room = policy.max_positions - len(policy.render(conv))
+    assert fits(conv, room) and not fits(conv, room + 1)
+
+
+@pytest.mark.parametrize("args,needle", [
+    ({}, "pass -M model_path=DIR"),
+    ({"model_path": MODEL, "temprature": 1}, "unknown model argument 'temprature'"),
+    ({"model_path": MODEL, "trust_remote_code": "maybe"}, "trust_remote_code: must be true or false"),
+    ({"model_path": MODEL, "seed": -1}, "seed: must be an integer >= 0"),
+    ({"model_path": MODEL, "threads": "two"}, "threads: must be an integer >= 1"),
+    ({"model_path": "/nonexistent/model"}, "not a model directory"),
+])
+def test_bad_model_arguments_are_clear_errors(args, needle):
+    with pytest.raises(OpctError, match=needle):
+        get_model("opct/local", memoize=False, **args)
+
+
+@pytest.mark.parametrize("config,messages,needle", [
+    (GenerateConfig(top_k=5), None, "top_k is not supported"),
+    (GenerateConfig(stop_seqs=["."]), None, "stop_seqs is not supported"),
+    (GenerateConfig(num_choices=2), None, "num_choices must be 1"),
+    (GenerateConfig(), [ChatMessageAssistant(content="Sure.")], "must have a user message right before it"),
+    (GenerateConfig(max_tokens=600), None, "exceeds the context"),
+])
+def test_generation_options_it_cannot_honour_are_refused(config, messages, needle):
+    model = get_model("opct/local", model_path=MODEL, memoize=False)
+    with pytest.raises(OpctError, match=needle):
+        _ask(model, [messages or [ChatMessageUser(content="Hello.")]], config)
+
+
+def test_the_provider_is_found_by_name_through_the_entry_point(tmp_path):
+    """In a fresh process outside the checkout, `opct/local` resolves to opct's provider (inspect loads the entry
+    point when it does not know the provider)."""
+    code = ("from inspect_ai.model import get_model\n"
+            f"m = get_model('opct/local', model_path={MODEL!r})\n"
+            "print(type(m.api).__name__, m.api.continues_prefill)\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["OpctAPI", "True"]
