@@ -79,11 +79,15 @@ def _jailbreak_probes(p):
         _context(C.jailbreak_probes, JB.NAME, items, p)
 
 
-def _jailbreak_grade(p):
-    from opct.evals.judges import make_judge
+def _judged(grade):
+    """A grader `grade(probes, responses, judge)` with the judge `opct eval --judge auto` picks: the world's rules on
+    world items, refusal prefixes on a user's."""
+    def make(p):
+        from opct.evals.judges import make_judge
 
-    judge = make_judge("refusal" if p["items"] else "world")  # as `opct eval --judge auto`
-    return lambda probes, responses: JB.grade(probes, responses, judge)
+        judge = make_judge("refusal" if p["items"] else "world")
+        return lambda probes, responses: grade(probes, responses, judge)
+    return make
 
 
 def _prefill_probes(p):
@@ -97,13 +101,6 @@ def _prefill_probes(p):
         items = JB.eval_world_items(p["n"] or DEFAULT_N, p["seed"])
     return PF.build(items, p["trained"], p["samples"] or PF.DEFAULT_SAMPLES) + \
         _context(PF.context_probes, PF.NAME, items, p)
-
-
-def _prefill_grade(p):
-    from opct.evals.judges import make_judge
-
-    judge = make_judge("refusal" if p["items"] else "world")  # as `opct eval --judge auto`
-    return lambda probes, responses: PF.grade(probes, responses, judge)
 
 
 def _awareness_probes(p):
@@ -177,8 +174,8 @@ def _frustration_solver(p, max_tokens, temperature):
 
 
 register_adapter(SY.NAME, _sycophancy_probes, _with_context(_each(SY)))
-register_adapter(JB.NAME, _jailbreak_probes, _with_context(_jailbreak_grade))
-register_adapter(PF.NAME, _prefill_probes, _with_context(_prefill_grade))
+register_adapter(JB.NAME, _jailbreak_probes, _with_context(_judged(JB.grade)))
+register_adapter(PF.NAME, _prefill_probes, _with_context(_judged(PF.grade)))
 register_adapter(AW.NAME, _awareness_probes, _with_context(_each(AW)))
 register_adapter(CAP.NAME, _capability_probes, _each(CAP))
 register_adapter(PE.NAME, _persona_probes, lambda p: PE.grade)
