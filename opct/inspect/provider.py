@@ -42,8 +42,9 @@ from inspect_ai.model import (
 from inspect_ai.tool import ToolChoice, ToolInfo
 
 from opct.errors import OpctError
+from opct.evals.generate import Gen
 
-DEFAULT_MAX_TOKENS = 64  # as opct eval
+DEFAULT_MAX_TOKENS = Gen.max_new_tokens  # opct eval's default
 _ARGS = ("model_path", "adapter", "dtype", "device", "trust_remote_code", "seed", "threads")
 
 
