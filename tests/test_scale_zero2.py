@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'opct[deepspeed]')")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_lm import model_dir_fixture, one_thread, pairs_file, read_metrics  # noqa: E402,F401
+from tiny_lm import assert_same_training, model_dir_fixture, one_thread, pairs_file, read_metrics  # noqa: E402,F401
 
 SMALL = dict(method="opct", lora_r=4, batch_size=2, n_samples=2, max_new_tokens=8, lr=3e-3, tensorboard=False)
 
@@ -152,13 +152,12 @@ def test_a_nan_on_one_rank_skips_the_step_on_both_and_stops_the_run(zero2):
 
 def test_zero2_matches_ddp_on_the_same_data(zero2, tmp_path):
     """Not bit for bit: DeepSpeed reduces flat, bucketed partitions and DDP its own buckets, so float32 sums run in
-    another order; after 4 steps the weights agree to about 1e-7 (measured 3e-8 to 1.2e-7 at |w| <= 0.18)."""
+    another order; after 4 steps the weights agree to rounding but for a few coordinates (at |w| <= 0.18, measured on
+    an AMD EPYC: 99.95% of 4096 within 1e-7, the largest 7.4e-7; a CI machine's largest, 6.8e-6)."""
     runs, base = zero2
     launch(tmp_path, [dict(base, out=str(tmp_path / "lora"), max_steps=4)], "--multi_gpu",
            env={"ACCELERATE_USE_CPU": "1"})
-    a, b = _weights(runs["lora"]), _weights(tmp_path / "lora")
-    assert a.keys() == b.keys()
-    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 2e-6
+    assert_same_training(_weights(runs["lora"]), _weights(tmp_path / "lora"), base["lr"])
     for z, d in zip(read_metrics(runs["lora"]), read_metrics(tmp_path / "lora")):
         assert z["loss"] == pytest.approx(d["loss"], rel=1e-5)
         assert z["grad_norm"] == pytest.approx(d["grad_norm"], rel=1e-4)
