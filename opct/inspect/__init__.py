@@ -83,6 +83,7 @@ from inspect_ai.model import GenerateConfig, get_model, modelapi
 from inspect_ai.scorer import SampleScore, Score, Target, metric, scorer
 from inspect_ai.solver import Generate, TaskState, generate, solver
 
+from opct.inspect._args import flag, integer
 from opct.inspect.adapters import ADAPTERS, Adapter, register_adapter  # noqa: F401  (the plug-in interface)
 from opct.inspect.conversation import chat
 from opct.pairs.schema import prefill_of
@@ -136,26 +137,12 @@ def _sample_id(i: int, probe: dict) -> str:
 
 
 def _int(name, v, minimum=1, allow_none=True):
-    """A task argument that must be an integer >= minimum (`-T n=50` arrives as an int, `-T n=ten` as a string)."""
-    if v is None and allow_none:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise OpctError(f"opct task argument {name}: must be an integer >= {minimum} (got {v!r})")
-    try:
-        iv = int(v)
-    except (TypeError, ValueError):
-        raise OpctError(f"opct task argument {name}: must be an integer >= {minimum} (got {v!r})") from None
-    if iv < minimum or (isinstance(v, float) and v != iv):
-        raise OpctError(f"opct task argument {name}: must be an integer >= {minimum} (got {v!r})")
-    return iv
+    """A task argument that must be an integer >= minimum (None, when allowed, keeps the task's default)."""
+    return integer("task argument", name, v, minimum, allow_none)
 
 
 def _flag(name, v) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("true", "false", "yes", "no", "1", "0"):
-        return v.lower() in ("true", "yes", "1")
-    raise OpctError(f"opct task argument {name}: must be true or false (got {v!r})")
+    return flag("task argument", name, v)
 
 
 def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:

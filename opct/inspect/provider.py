@@ -43,29 +43,10 @@ from inspect_ai.tool import ToolChoice, ToolInfo
 
 from opct.errors import OpctError
 from opct.evals.generate import Gen
+from opct.inspect._args import flag, integer
 
 DEFAULT_MAX_TOKENS = Gen.max_new_tokens  # opct eval's default
 _ARGS = ("model_path", "adapter", "dtype", "device", "trust_remote_code", "seed", "threads")
-
-
-def _bool(name: str, v) -> bool:
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("true", "false"):
-        return v.lower() == "true"
-    raise OpctError(f"opct model argument {name}: must be true or false (got {v!r})")
-
-
-def _int(name: str, v, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, str)):
-        raise OpctError(f"opct model argument {name}: must be an integer >= {minimum} (got {v!r})")
-    try:
-        iv = int(v)
-    except ValueError:
-        raise OpctError(f"opct model argument {name}: must be an integer >= {minimum} (got {v!r})") from None
-    if iv < minimum:
-        raise OpctError(f"opct model argument {name}: must be an integer >= {minimum} (got {v!r})")
-    return iv
 
 
 def messages_of(input: list[ChatMessage]) -> list[dict]:
@@ -109,12 +90,11 @@ class OpctAPI(ModelAPI):
         from opct.policy import count_parameters, load_policy, set_cpu_threads
 
         device = str(model_args.get("device") or "cpu")
-        trust = _bool("trust_remote_code", model_args.get("trust_remote_code", False))
-        threads = model_args.get("threads")
-        threads = None if threads is None else _int("threads", threads, 1)
-        self.seed = _int("seed", model_args.get("seed", 0), 0)
+        trust = flag("model argument", "trust_remote_code", model_args.get("trust_remote_code", False))
+        threads = integer("model argument", "threads", model_args.get("threads"), 1, allow_none=True)
+        self.seed = integer("model argument", "seed", model_args.get("seed", 0), 0)
         if config.seed is not None:
-            self.seed = _int("--seed", config.seed, 0)
+            self.seed = integer("model argument", "--seed", config.seed, 0)
         self.policy = load_policy(path, model_args.get("adapter"), str(model_args.get("dtype") or "float32"), device,
                                   trust_remote_code=trust)
         set_cpu_threads(count_parameters(path), device, threads)
