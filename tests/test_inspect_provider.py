@@ -168,6 +168,8 @@ def test_the_context_rule_with_opct_local_counts_opct_evals_tokens():
     ({"model_path": MODEL, "trust_remote_code": "maybe"}, "trust_remote_code: must be true or false"),
     ({"model_path": MODEL, "seed": -1}, "seed: must be an integer >= 0"),
     ({"model_path": MODEL, "threads": "two"}, "threads: must be an integer >= 1"),
+    ({"model_path": MODEL, "threads": True}, "opct model argument threads: must be an integer >= 1"),
+    ({"model_path": MODEL, "seed": 2.5}, "opct model argument seed: must be an integer >= 0"),
     ({"model_path": "/nonexistent/model"}, "not a model directory"),
 ])
 def test_bad_model_arguments_are_clear_errors(args, needle):
