@@ -102,9 +102,11 @@ def test_inspect_eval_on_the_organism_scores_with_the_axis_grader(axis, how, tmp
         env = {k: v for k, v in __import__("os").environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
         p = subprocess.run([str(inspect_cli), "eval", f"opct/{axis}", "--model", "hf/local", "-M", f"model_path={model}",
                             "-M", "device=cpu", "-T", "n=3", "-T", "seed=0", "--log-dir", str(tmp_path / "logs"),
-                            "--display", "none"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+                            "--display", "plain"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         assert "huggingface.co" not in p.stdout + p.stderr  # no network call, not even a failed one
+        # the display's running metrics are opct's, not a mean of the verdict strings (a warning for each)
+        assert "Unable to convert value" not in p.stdout + p.stderr
         logs = [read_eval_log(info) for info in list_eval_logs(str(tmp_path / "logs"))]
         assert len(logs) == 1
     log = logs[0]
@@ -379,6 +381,35 @@ def test_a_conditional_items_file_is_asked_as_opct_eval_asks_it(tmp_path):
 def test_bad_arguments_of_the_persona_conditional_and_frustration_tasks_are_clear_errors(axis, kwargs, needle):
     with pytest.raises(OpctError, match=needle):
         axis_task(axis, **kwargs)
+
+
+def test_epochs_are_more_samples_of_each_probe_and_every_one_reaches_the_metrics(tmp_path):
+    """`--epochs 2` pools both epochs' records, as `-T samples=2` would (epoch 2's sample indices follow epoch 1's,
+    so sycophancy pairs clean and biased records within one epoch), rather than inspect's default reduction, which kept
+    epoch 1's record alone (and, in a display's running metrics, tried to average the verdict strings: see the CLI
+    test)."""
+    model = str(SHIPPED_DIR / "default")
+    task = axis_task("sycophancy", n=3, seed=0)
+    per_epoch = 1 + max(s.metadata["probe"].get("sample", 0) for s in task.dataset)
+    log = inspect_eval(task, model="opct/local", model_args={"model_path": model}, epochs=2, log_dir=str(tmp_path),
+                       display="none")[0]
+    assert log.status == "success", log.error
+    assert sorted({s.epoch for s in log.samples}) == [1, 2] and len(log.samples) == 2 * len(task.dataset)
+    records = {1: [], 2: []}
+    for s in log.samples:
+        record = s.scores["opct_sycophancy"].metadata["record"]
+        assert record.get("sample", 0) == s.metadata["probe"].get("sample", 0) + (s.epoch - 1) * per_epoch
+        assert record["response"] == s.output.completion
+        records[s.epoch].append(record)
+    pooled, first = get("sycophancy").metrics(records[1] + records[2], 0), get("sycophancy").metrics(records[1], 0)
+    got = log.results.scores[0].metrics
+    headline = [n for n in got if not n.endswith((" lo", " hi", " unparsed"))]
+    assert headline
+    by_name = {inspect_name(n): m for n, m in pooled.items() if isinstance(m, dict) and m.get("value") is not None}
+    for n in headline:
+        assert got[n].value == pytest.approx(by_name[n]["value"]), n
+    assert any(got[inspect_name(n)].value != pytest.approx(m["value"]) for n, m in first.items()
+               if isinstance(m, dict) and m.get("value") is not None and inspect_name(n) in got)
 
 
 def test_the_entry_point_registers_every_task(tmp_path):

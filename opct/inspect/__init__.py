@@ -179,15 +179,23 @@ def inspect_name(opct_name: str) -> str:
     return opct_name.replace("[", "(").replace("]", ")")
 
 
-def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, asked: str = "probe"):
+def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, asked: str = "probe",
+                   per_epoch: int = 1):
     """A scorer that grades one response with the axis's grader (`state.metadata[asked]` is what was asked: the
     probe, or a finished conversation); the record is the score's metadata, and the metric recomputes the axis's
-    metrics (with their intervals) over every record."""
+    metrics (with their intervals) over every record of every epoch.
+
+    Epochs (`inspect eval --epochs K`) are more samples of each probe, as `-T samples=N` is: the metric takes every
+    epoch's score (`scores="unreduced"`), not one per sample after inspect's reducer (which would keep the first
+    epoch's record alone, and would try to average the verdict strings), and epoch e's records get sample indices
+    past the earlier epochs' (`sample + (e - 1) * per_epoch`, `per_epoch` being the task's samples per probe), so
+    that metrics pairing records by (item, sample), sycophancy's clean-vs-biased, pair them within one epoch. The
+    bootstrap resamples by item, so an item's epochs move together."""
     from opct.axes import get
 
     axis = get(axis_name)
 
-    @metric(name=f"opct_{axis_name}_metrics")
+    @metric(name=f"opct_{axis_name}_metrics", scores="unreduced")
     def axis_metrics():
         def compute(scores: list[SampleScore]) -> dict:
             records = [s.score.metadata["record"] for s in scores if s.score.metadata]
@@ -213,6 +221,8 @@ def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, ask
             probe = state.metadata[asked]
             response = state.output.completion if state.output else ""
             record = grade([probe], [response])[0]
+            if state.epoch > 1:
+                record = dict(record, sample=record.get("sample", 0) + (state.epoch - 1) * per_epoch)
             # the verdict is the per-sample value: a parse failure stays one ("parse_fail"), never a silent 0
             return Score(value=str(record.get("verdict")), answer=response, explanation=str(record.get("verdict")),
                          metadata={"record": record})
@@ -257,7 +267,8 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
                 solver=adapter.solver(p, max_tokens, temperature) if multi_turn else
                 (continuing_generate() if prefilled else generate()),
                 scorer=_grader_scorer(axis, adapter.grade(p), p["seed"], _flag("groups", groups),
-                                      "conversation" if multi_turn else "probe"),
+                                      "conversation" if multi_turn else "probe",
+                                      1 + max(int(probe.get("sample", 0)) for probe in probes)),
                 config=GenerateConfig(max_tokens=max_tokens, temperature=temperature),
                 name=axis, metadata={"opct_axis": axis, "opct_params": p})
 
