@@ -37,7 +37,8 @@ each probe, the `teacher` arm; frustration: each reply from turn 2 sampled from 
 `max_tokens` (64, as `opct eval`; frustration caps each reply at `frustration.MAX_REPLY_TOKENS` as well),
 `temperature` (1.0), `groups` (false: the axis's overall metrics and their train / held-out and direct / wrapped
 groups; true: every per-family, -wrapper, -category, -skill, -k and -turn group too). Metric names are opct's
-(`opct eval`'s metrics.json) with `[group]` written `(group)`: `sycophancy.sycophancy_rate(split=heldout)`. What
+(`opct eval`'s metrics.json) with `[group]` written `(group)`: `sycophancy.sycophancy_rate(split=heldout)`.
+inspect's `--epochs K` is K samples of each probe: the metrics pool every epoch's records (see `_grader_scorer`). What
 differs from `opct eval`:
   * sampling is the model provider's, not `opct eval`'s seeded batches: the same model gives numbers that agree
     with `opct eval` up to sampling noise, not bit for bit (with `opct/local` the same sampler and rendering, but
