@@ -19,8 +19,9 @@ from opct.errors import OpctError, first_line
 PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 
-def check_device(device, flag: str = "--device"):
-    """`device` as a torch.device, or an OpctError naming `flag` when it is malformed or absent on this machine."""
+def check_device(device, flag: str = "--device", instead: str = "--device cpu"):
+    """`device` as a torch.device, or an OpctError naming `flag` when it is malformed or absent on this machine (and
+    `instead`, the same setting on the CPU, where it is absent)."""
     import torch
 
     try:
@@ -30,11 +31,11 @@ def check_device(device, flag: str = "--device"):
     if d.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-            raise OpctError(f"{flag} {device}: CUDA is not available ({why}); use --device cpu")
+            raise OpctError(f"{flag} {device}: CUDA is not available ({why}); use {instead}")
         if d.index is not None and d.index >= torch.cuda.device_count():
             raise OpctError(f"{flag} {device}: there are only {torch.cuda.device_count()} CUDA device(s)")
     if d.type == "mps" and not torch.backends.mps.is_available():
-        raise OpctError(f"{flag} {device}: MPS is not available on this machine; use --device cpu")
+        raise OpctError(f"{flag} {device}: MPS is not available on this machine; use {instead}")
     return d
 
 

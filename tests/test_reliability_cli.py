@@ -187,6 +187,11 @@ def test_device_cuda_without_cuda(tmp_path, capsys):
     assert not (tmp_path / "e").exists()  # refused before anything was written
     assert "--device banana: not a torch device" in cli_error(capsys, _eval(tiny_lm.model_dir(), tmp_path / "e",
                                                                               "--device", "banana"))
+    # an experiment file's device is named as the file spells it, and so is the fix
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(f"model: {tiny_lm.model_dir()}\nout: {tmp_path / 'runs'}\neval: {{device: cuda}}\n")
+    err = cli_error(capsys, ["run", str(exp)])
+    assert "eval.device cuda: CUDA is not available" in err and err.rstrip().endswith("use eval.device: cpu")
 
 
 def test_first_line_of_a_library_error():

@@ -104,7 +104,7 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     from opct.modeldir import check_device
     from opct.policy import count_parameters, set_cpu_threads
 
-    check_device(cfg.eval.device, "eval.device")  # before any cell runs
+    check_device(cfg.eval.device, "eval.device", "eval.device: cpu")  # before any cell runs
     from opct.train.loop import check_samplers
 
     check_samplers({f"arm {a}": cfg.arm_config(a) for a in cfg.arms if cfg.method(a) not in UNTRAINED})
