@@ -172,7 +172,7 @@ def test_the_context_rule_with_opct_local_counts_opct_evals_tokens():
     ({"model_path": MODEL, "seed": 2.5}, "opct model argument seed: must be an integer >= 0"),
     ({"model_path": MODEL, "device": "cuda"}, r"argument device cuda: CUDA is not available .*; use -M device=cpu"),
     ({"model_path": MODEL, "device": "gpu0"}, "opct model argument device gpu0: not a torch device"),
-    ({"model_path": MODEL, "dtype": "fp8"}, "opct model argument dtype: must be float32, bfloat16 or float16"),
+    ({"model_path": MODEL, "dtype": "fp8"}, "opct model argument dtype: must be one of float32, bfloat16, float16"),
     ({"model_path": "/nonexistent/model"}, "not a model directory"),
 ])
 def test_bad_model_arguments_are_clear_errors(args, needle):
