@@ -25,8 +25,9 @@ model FLOPs, 2 x (linear-layer parameters) per token per forward pass, backward 
 --threads: intra-op threads for both trainers (torch.set_num_threads in each worker); by default torch's own choice
 (one per core), which is how either trainer runs when a user starts it. Both trainers always get the same number.
 
---cpu-matmul: opct's `TrainConfig.cpu_matmul` (default onednn: linear layers through oneDNN, see opct/cpu_matmul.py;
-blas: torch's default, which TRL always runs on). The matmul peak printed is that of the same backend.
+--cpu-matmul: opct's `TrainConfig.cpu_matmul` (default auto: oneDNN on an AMD CPU with AVX-512, the BLAS elsewhere;
+onednn: linear layers through oneDNN, see opct/cpu_matmul.py; blas: torch's default, which TRL always
+runs on). The matmul peak printed is that of the same backend.
 
 --model defaults to the shipped default organism (opct/organisms/default) when it exists, otherwise to a tiny
 Llama built on the spot. --shape NAME (a key of SHAPES: qwen2.5-0.5b) builds a model of that architecture and size on
@@ -210,9 +211,9 @@ def matmul_peak(n: int = 1024, seconds: float = 1.0, backend: str = "blas", devi
     a = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
     b = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    if backend == "onednn" and device == "cpu" and dtype == "float32":
-        from opct import cpu_matmul
+    from opct import cpu_matmul
 
+    if device == "cpu" and dtype == "float32" and cpu_matmul.resolve(backend) == "onednn":
         def mm():
             return cpu_matmul.dense(a, b)  # a b^T: the same FLOPs
     else:
@@ -418,7 +419,7 @@ def main(argv=None):
     p.add_argument("--fact-words", type=int, default=24)
     p.add_argument("--lora-r", type=int, default=16)
     p.add_argument("--threads", type=int, default=0, help="intra-op threads for both trainers (default: torch's)")
-    p.add_argument("--cpu-matmul", default="onednn", choices=["onednn", "blas"],
+    p.add_argument("--cpu-matmul", default="auto", choices=["auto", "onednn", "blas"],
                    help="opct's TrainConfig.cpu_matmul (TRL always runs on torch's default, the BLAS)")
     p.add_argument("--shape", choices=list(SHAPES), default=None,
                    help="build a random-weight model of this architecture and size instead of --model (no download)")
@@ -463,6 +464,7 @@ def main(argv=None):
         make_pairs(Path(a.model), a.pairs * (a.warmup + a.steps + 1), a.prompt_words, a.fact_words, Path(a.pairs_file))
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+        from opct import cpu_matmul
         from opct.pairs.schema import render_ids
 
         # prompt lengths from the tokenizer, linear parameters from a weightless copy (no 2 GB load for a count)
@@ -478,7 +480,8 @@ def main(argv=None):
         where += f"; TRL in {a.trl_grad_accum} micro-batches" if a.trl_grad_accum > 1 else ""
         print(f"model {a.model} ({n_linear / 1e6:.2f}M linear params); {torch.get_num_threads()} threads; "
               f"{a.pairs} pairs x {a.samples} samples x {a.response_len} response tokens per step; "
-              f"prompt {s_len} tokens (teacher {t_len}); LoRA r={a.lora_r}; opct cpu_matmul {a.cpu_matmul}{where}",
+              f"prompt {s_len} tokens (teacher {t_len}); LoRA r={a.lora_r}; opct cpu_matmul {a.cpu_matmul}"
+              f"{f' ({cpu_matmul.resolve(a.cpu_matmul)} on this CPU)' if a.cpu_matmul == 'auto' else ''}{where}",
               flush=True)
         peak_n = 8192 if a.device == "cuda" else 1024
         peak = matmul_peak(n=peak_n, backend=a.cpu_matmul, device=a.device, dtype=a.dtype)

@@ -12,6 +12,8 @@ loader reads every config file (train, eval, attack, experiment, audit).
                                     `--flag: problem`, before any work starts
   add_dataclass_args(parser, cls)   one --flag per field
   changes(saved, now, may_change)   the "did the settings change on resume" check (train, run and audit)
+  EQUIVALENT[field] = fn            values of `field` that `fn` maps to the same thing are no change for `changes`
+                                    (cpu_matmul: `auto` is whichever backend it picks on this machine)
 
 Coercion is strict where a wrong guess would run something else than the user meant, and lenient where YAML reads a
 value differently from how users write it:
@@ -336,6 +338,19 @@ def build_config(cls, args: argparse.Namespace | None = None, config_file=None, 
         raise OpctError(f"invalid {cls.__name__}: {e}") from None
 
 
+# field name -> what a value stands for on this machine (registered by the config that owns the field)
+EQUIVALENT: dict[str, typing.Callable[[object], object]] = {}
+
+
+def _meaning(field: str, value):
+    """`value` of `field` as EQUIVALENT maps it (the value itself for other fields, or one it cannot map)."""
+    fn = EQUIVALENT.get(field)
+    try:
+        return fn(value) if fn is not None else value
+    except (TypeError, ValueError):
+        return value
+
+
 def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None, same=None) -> list[str]:
     """Fields whose value differs between a run's saved settings and the current ones, as 'field (old -> new)': the
     one "did the settings change on resume" check of train, run and audit. A field missing from `saved` counts as
@@ -343,12 +358,15 @@ def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None,
     that differ (e.g. paths of a moved run directory). A field that is a mapping on both sides (a nested config's
     block: an experiment's `train` and `eval`) is compared key by key and named by its dotted path
     ('train.lr (0.01 -> 0.02)'), never as two whole mappings; `may_change` may name such a path too, and a mapping
-    in `defaults` is that block's defaults (a TrainConfig field added after an experiment started)."""
+    in `defaults` is that block's defaults (a TrainConfig field added after an experiment started). Two values that
+    EQUIVALENT maps to the same thing here are no change."""
     saved = {**(defaults or {}), **saved}
     out = []
     for k in sorted(set(saved) | set(now)):
         old, new = saved.get(k), now.get(k)
         if k in may_change or old == new or (same is not None and same(k, old, new)):
+            continue
+        if k in EQUIVALENT and _meaning(k, old) == _meaning(k, new):
             continue
         if isinstance(old, dict) and isinstance(new, dict):
             inner = tuple(m[len(k) + 1:] for m in may_change if isinstance(m, str) and m.startswith(f"{k}."))
@@ -356,8 +374,14 @@ def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None,
             out += [f"{k}.{c}" for c in changes(old, new, inner,
                                                 inner_defaults if isinstance(inner_defaults, dict) else None)]
         else:
-            out.append(f"{k} ({_short(old)} -> {_short(new)})")
+            out.append(f"{k} ({_changed(k, old)} -> {_changed(k, new)})")
     return out
+
+
+def _changed(field: str, value) -> str:
+    """`value` for a changes() message, with what it stands for here where EQUIVALENT maps it to something else."""
+    meaning = _meaning(field, value)
+    return _short(value) + (f" (= {_short(meaning)} here)" if meaning != value else "")
 
 
 def _short(value, limit: int = 120) -> str:

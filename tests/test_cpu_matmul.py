@@ -2,6 +2,8 @@
 torch's own (to float rounding), only where it applies, nothing left behind after the block — and training with
 either backend."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -99,7 +101,7 @@ def test_the_choice_is_scoped_and_checked():
             assert cpu_matmul.backend() == "blas"
         assert cpu_matmul.backend() == "onednn"
     assert cpu_matmul.backend() == "blas"
-    with pytest.raises(ValueError, match="cpu_matmul must be one of onednn, blas"):
+    with pytest.raises(ValueError, match="cpu_matmul must be one of auto, onednn, blas"):
         with cpu_matmul.use("mkl"):
             pass
     with pytest.raises(RuntimeError):  # an error inside the block still restores the choice
@@ -182,3 +184,44 @@ def test_sampling_engine_sends_large_weights_to_onednn(dnn_calls):
         assert used == (4 * 6 if backend == "onednn" else 0)
     assert torch.equal(out["blas"][0], out["onednn"][0])
     torch.testing.assert_close(out["onednn"][1], out["blas"][1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("vendor, capability, picked", [
+    ("AuthenticAMD", "AVX512", "onednn"),  # MKL takes its AVX2 path here: oneDNN measured 2.2-2.4x faster
+    ("GenuineIntel", "AVX512", "blas"),    # MKL's AVX-512 kernels: measured faster than oneDNN
+    ("AuthenticAMD", "AVX2", "blas"),      # no AVX-512 for oneDNN to use either: torch's default
+    ("", "DEFAULT", "blas"),               # unknown (no /proc/cpuinfo, ARM)
+])
+def test_auto_picks_onednn_only_on_an_amd_cpu_with_avx512(monkeypatch, vendor, capability, picked):
+    monkeypatch.setattr(cpu_matmul, "_cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    cpu_matmul.auto_backend.cache_clear()
+    try:
+        assert cpu_matmul.resolve("auto") == picked
+        with cpu_matmul.use("auto"):
+            assert cpu_matmul.backend() == picked
+        assert cpu_matmul.resolve("blas") == "blas" and cpu_matmul.resolve("onednn") == "onednn"
+    finally:
+        cpu_matmul.auto_backend.cache_clear()
+    assert cpu_matmul.backend() == "blas"
+
+
+def test_this_machines_vendor_is_read():
+    vendor = cpu_matmul._cpu_vendor()
+    assert isinstance(vendor, str)
+    if Path("/proc/cpuinfo").exists() and "vendor_id" in Path("/proc/cpuinfo").read_text():
+        assert vendor and vendor in Path("/proc/cpuinfo").read_text()
+
+
+def test_a_resumed_run_takes_auto_as_the_backend_it_picks_here(monkeypatch):
+    from opct.config import changes
+    from opct.train.config import TrainConfig
+
+    assert TrainConfig().cpu_matmul == "auto"
+    monkeypatch.setattr(cpu_matmul, "auto_backend", lambda: "onednn")
+    assert changes({"cpu_matmul": "onednn"}, {"cpu_matmul": "auto"}) == []
+    assert changes({"train": {"cpu_matmul": "auto"}}, {"train": {"cpu_matmul": "onednn"}}) == []
+    monkeypatch.setattr(cpu_matmul, "auto_backend", lambda: "blas")
+    assert changes({"cpu_matmul": "onednn"}, {"cpu_matmul": "auto"}) == [
+        "cpu_matmul ('onednn' -> 'auto' (= 'blas' here))"]
+    assert changes({"cpu_matmul": "onednn"}, {"cpu_matmul": "blas"}) == ["cpu_matmul ('onednn' -> 'blas')"]

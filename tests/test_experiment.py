@@ -130,10 +130,14 @@ def test_run_writes_every_cell_resumes_and_labels_splits_by_training(test_organi
     # ... but not when the run now asks for another value of it
     saved["train"].pop("cpu_matmul", None)
     (root / "experiment.json").write_text(json.dumps(saved))
-    with pytest.raises(OpctError, match=r"train\.cpu_matmul \('onednn' -> 'blas'\)"):
+    from opct.cpu_matmul import auto_backend
+
+    here = auto_backend()  # the default, auto, picks by CPU: ask for the backend it does not pick
+    other = "onednn" if here == "blas" else "blas"
+    with pytest.raises(OpctError, match=rf"train\.cpu_matmul \('auto' \(= '{here}' here\) -> '{other}'\)"):
         run_experiment(_tiny(test_organism, tmp_path, train={"max_steps": 2, "batch_size": 2, "n_samples": 2,
                                                              "max_new_tokens": 12, "save_every": 1, "lr": 1e-3,
-                                                             "cpu_matmul": "blas"}), log=lambda m: None)
+                                                             "cpu_matmul": other}), log=lambda m: None)
     run_experiment(_tiny(test_organism, tmp_path, arms=["base"], seeds=[1]), log=lambda m: None)
     exp = json.loads((root / "experiment.json").read_text())
     assert exp["arms"] == ["base", "opct", "bct"] and exp["seeds"] == [0, 1]

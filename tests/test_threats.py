@@ -126,7 +126,7 @@ def test_resume_skips_finished_cells_and_refuses_changed_settings(tiny_run, tmp_
     del saved["train"]["cpu_matmul"], saved["eval"]["prompt_side"]
     settings.write_text(json.dumps(saved))
     run_threats(load_threats(path), log=lambda m: None)
-    assert json.loads(settings.read_text())["train"]["cpu_matmul"] == "onednn"  # written back whole
+    assert json.loads(settings.read_text())["train"]["cpu_matmul"] == "auto"  # written back whole
 
 
 def test_report_files(tiny_run):

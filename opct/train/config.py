@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Optional
 
-from opct.config import SEED, ConfigError, option, validate
+from opct.config import EQUIVALENT, SEED, ConfigError, option, validate
 from opct.trackers import PACKAGES as TRACKERS
 
 # Fields that may change when a run is resumed; any other difference from the saved config.json is an error.
@@ -97,10 +97,11 @@ class TrainConfig:
                                    "and train it further; the teacher stays the starting model (adapters disabled)")
     bf16: bool = option(False, "bf16 mixed precision (GPU)")
     gradient_checkpointing: bool = option(False, "recompute activations in backward to save memory")
-    cpu_matmul: str = option("onednn", "CPU, float32: the library behind linear layers in training and sampling: "
-                                       "onednn (torch's mkldnn; about 2x MKL on AMD CPUs, where MKL takes its AVX2 "
-                                       "path) or blas (torch's default, MKL); agree to float rounding; see "
-                                       "opct/cpu_matmul.py", choices=["onednn", "blas"])
+    cpu_matmul: str = option("auto", "CPU, float32: the library behind linear layers in training and sampling: "
+                                     "onednn (torch's mkldnn; about 2x MKL on AMD CPUs, where MKL takes its AVX2 "
+                                     "path), blas (torch's default, MKL; faster on Intel CPUs) or auto (onednn on an "
+                                     "AMD CPU with AVX-512, blas elsewhere); agree to float rounding; see "
+                                     "opct/cpu_matmul.py", choices=["auto", "onednn", "blas"])
     trust_remote_code: bool = option(False, "run the model directory's own Python code (a flag only: never from a "
                                             "config file; prints a warning naming the directory)", file=False)
     # run bookkeeping
@@ -138,4 +139,13 @@ class TrainConfig:
                                          f"model's own answers)")
 
 
+def _cpu_backend(name):
+    """The linear-layer backend a cpu_matmul value stands for here (torch is imported only when a resume asks)."""
+    from opct import cpu_matmul
+
+    return cpu_matmul.resolve(name)
+
+
+# `auto` and the backend it picks on this machine are the same setting for a resumed run (opct.config.changes)
+EQUIVALENT["cpu_matmul"] = _cpu_backend
 TRAIN_FIELDS = tuple(f.name for f in fields(TrainConfig))
