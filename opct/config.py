@@ -11,9 +11,8 @@ loader reads every config file (train, eval, attack, experiment, audit).
                                     `FILE: field: problem` (nested: `FILE: train.max_steps: problem`) or
                                     `--flag: problem`, before any work starts
   add_dataclass_args(parser, cls)   one --flag per field
-  changes(saved, now, may_change)   the "did the settings change on resume" check (train, run and audit)
-  EQUIVALENT[field] = fn            values of `field` that `fn` maps to the same thing are no change for `changes`
-                                    (cpu_matmul: `auto` is whichever backend it picks on this machine)
+  changes(saved, now, may_change)   the "did the settings change on resume" check (train, run and audit), with
+                                    EQUIVALENT, block_defaults and defaults_of: opct/resume_check.py, re-exported
 
 Coercion is strict where a wrong guess would run something else than the user meant, and lenient where YAML reads a
 value differently from how users write it:
@@ -37,6 +36,7 @@ import typing
 from pathlib import Path
 
 from opct.errors import OpctError, first_line
+from opct.resume_check import EQUIVALENT, block_defaults, changes, defaults_of  # noqa: F401  (re-exported)
 
 
 class ConfigError(OpctError, ValueError):
@@ -336,72 +336,3 @@ def build_config(cls, args: argparse.Namespace | None = None, config_file=None, 
         raise OpctError(f"{src or _label(cls)}: {e}") from None
     except TypeError as e:  # a field name that is not one of cls's (from overrides)
         raise OpctError(f"invalid {cls.__name__}: {e}") from None
-
-
-# field name -> what a value stands for on this machine (registered by the config that owns the field)
-EQUIVALENT: dict[str, typing.Callable[[object], object]] = {}
-
-
-def _meaning(field: str, value):
-    """`value` of `field` as EQUIVALENT maps it (the value itself for other fields, or one it cannot map)."""
-    fn = EQUIVALENT.get(field)
-    try:
-        return fn(value) if fn is not None else value
-    except (TypeError, ValueError):
-        return value
-
-
-def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None, same=None) -> list[str]:
-    """Fields whose value differs between a run's saved settings and the current ones, as 'field (old -> new)': the
-    one "did the settings change on resume" check of train, run and audit. A field missing from `saved` counts as
-    its entry in `defaults` (a field added after the run started); `same(field, old, new)` may accept two values
-    that differ (e.g. paths of a moved run directory). A field that is a mapping on both sides (a nested config's
-    block: an experiment's `train` and `eval`) is compared key by key and named by its dotted path
-    ('train.lr (0.01 -> 0.02)'), never as two whole mappings; `may_change` may name such a path too, and a mapping
-    in `defaults` is that block's defaults (a TrainConfig field added after an experiment started). Two values that
-    EQUIVALENT maps to the same thing here are no change."""
-    saved = {**(defaults or {}), **saved}
-    out = []
-    for k in sorted(set(saved) | set(now)):
-        old, new = saved.get(k), now.get(k)
-        if k in may_change or old == new or (same is not None and same(k, old, new)):
-            continue
-        if k in EQUIVALENT and _meaning(k, old) == _meaning(k, new):
-            continue
-        if isinstance(old, dict) and isinstance(new, dict):
-            inner = tuple(m[len(k) + 1:] for m in may_change if isinstance(m, str) and m.startswith(f"{k}."))
-            inner_defaults = (defaults or {}).get(k)
-            out += [f"{k}.{c}" for c in changes(old, new, inner,
-                                                inner_defaults if isinstance(inner_defaults, dict) else None)]
-        else:
-            out.append(f"{k} ({_changed(k, old)} -> {_changed(k, new)})")
-    return out
-
-
-def _changed(field: str, value) -> str:
-    """`value` for a changes() message, with what it stands for here where EQUIVALENT maps it to something else."""
-    meaning = _meaning(field, value)
-    return _short(value) + (f" (= {_short(meaning)} here)" if meaning != value else "")
-
-
-def _short(value, limit: int = 120) -> str:
-    """A value's repr for an error message, cut to `limit` characters."""
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 4] + " ..."
-
-
-def block_defaults(saved: dict, **blocks) -> dict:
-    """`changes`' defaults for the nested config blocks (name -> config class) that `saved` holds: a field added to
-    a block after the run started counts as that field's default."""
-    return {name: defaults_of(cls) for name, cls in blocks.items() if isinstance(saved.get(name), dict)}
-
-
-def defaults_of(cls) -> dict:
-    """Each field's default value (fields without one are left out)."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            out[f.name] = f.default_factory()  # type: ignore[misc]
-    return out

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Optional
 
-from opct.config import EQUIVALENT, SEED, ConfigError, option, validate
+from opct.config import SEED, ConfigError, option, validate
+from opct.resume_check import EQUIVALENT
 from opct.trackers import PACKAGES as TRACKERS
 
 # Fields that may change when a run is resumed; any other difference from the saved config.json is an error.
