@@ -335,6 +335,13 @@ def count_parameters(model_dir) -> int:
     return n
 
 
+def check_dtype(dtype, name: str = "dtype") -> None:
+    """An OpctError naming `name` (how the caller's user spells the setting) unless `dtype` is one `load_policy`
+    takes."""
+    if dtype not in _DTYPES:
+        raise OpctError(f"{name}: must be one of {', '.join(_DTYPES)} (got {dtype!r})")
+
+
 def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
                 trust_remote_code: bool = False) -> HFPolicy:
     """Load a `save_pretrained` directory (safetensors only) as an `HFPolicy`, optionally with a peft adapter.
@@ -351,8 +358,7 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
     if not (path / "config.json").exists():
         raise OpctError(f"{path}: not a model directory (no config.json); pass a directory written by "
                         f"save_pretrained")
-    if dtype not in _DTYPES:
-        raise OpctError(f"dtype must be one of {', '.join(_DTYPES)} (got {dtype!r})")
+    check_dtype(dtype)
     from opct.modeldir import check_adapter, check_device, check_loading_info, check_weights
 
     device = check_device(device)

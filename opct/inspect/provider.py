@@ -88,13 +88,12 @@ class OpctAPI(ModelAPI):
         if not path:
             raise OpctError("opct model: no model directory; pass -M model_path=DIR (a save_pretrained directory)")
         from opct.modeldir import check_device
-        from opct.policy import _DTYPES, count_parameters, load_policy, set_cpu_threads
+        from opct.policy import check_dtype, count_parameters, load_policy, set_cpu_threads
 
         device = str(model_args.get("device") or "cpu")
         check_device(device, "opct model argument device", "-M device=cpu")  # load_policy's would name --device
         dtype = str(model_args.get("dtype") or "float32")
-        if dtype not in _DTYPES:
-            raise OpctError(f"opct model argument dtype: must be one of {', '.join(_DTYPES)} (got {dtype!r})")
+        check_dtype(dtype, "opct model argument dtype")  # load_policy's own would name plain `dtype`
         trust = flag("model argument", "trust_remote_code", model_args.get("trust_remote_code", False))
         threads = integer("model argument", "threads", model_args.get("threads"), 1, allow_none=True)
         self.seed = integer("model argument", "seed", model_args.get("seed", 0), 0)
