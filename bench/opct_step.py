@@ -20,7 +20,7 @@ model FLOPs, 2 x (linear-layer parameters) per token per forward pass, backward 
 
     python bench/opct_step.py [--threads N] [--model DIR | --shape qwen2.5-0.5b] [--rounds 3] [--steps 4] [--pairs 4]
                               [--samples 2] [--response-len 32] [--cpu-matmul onednn|blas] [--device cpu|cuda]
-                              [--dtype float32|bfloat16] [--kl-chunk N] [--trl-grad-accum N]
+                              [--dtype float32|bfloat16] [--kl-chunk N] [--trl-grad-accum N] [--sampler hf|vllm]
 
 --threads: intra-op threads for both trainers (torch.set_num_threads in each worker); by default torch's own choice
 (one per core), which is how either trainer runs when a user starts it. Both trainers always get the same number.
@@ -49,6 +49,10 @@ log-probs at once, as before). --trl-grad-accum N: TRL trains each step's rows i
 accumulation; generation stays one batch of all rows, TRL's steps_per_generation). At a real vocabulary and a large
 batch both are what fits in memory: at 32 pairs x 4 samples x 256 tokens and V = 151936 one float32 logits tensor of the
 step is 20 GB, and the unfused loss keeps about 5 of them (opct) or 7 (TRL's SDFT loss; bench/kl_memory.py).
+
+--sampler hf|vllm: opct's `TrainConfig.sampler` (hf: opct's own engine; vllm: a vLLM engine in opct's worker, sent
+the weights after every step, which the step's time includes; needs vllm on a CUDA GPU or vLLM's CPU build, see
+`make test-vllm-cpu`). TRL always samples with `model.generate` here.
 
 When TRL (or its `datasets`) cannot be imported, opct runs alone and the bench says how to get TRL.
 """
@@ -323,7 +327,8 @@ def worker_opct(a) -> dict:
                       batch_size=a.pairs, n_samples=a.samples, max_new_tokens=a.response_len,
                       min_new_tokens=a.response_len, max_steps=a.warmup + a.steps + 1, save_every=10 ** 9,
                       lora_r=a.lora_r, lora_alpha=2.0 * a.lora_r, lr=1e-4, tensorboard=False,
-                      cpu_matmul=a.cpu_matmul, bf16=a.dtype == "bfloat16", kl_chunk=a.kl_chunk))
+                      cpu_matmul=a.cpu_matmul, bf16=a.dtype == "bfloat16", kl_chunk=a.kl_chunk,
+                      sampler=a.sampler))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][a.warmup:-1]
     wall, cpu = clock.steps(a.warmup)
     # one micro-batch per step: entry i of each part belongs to step i
@@ -428,6 +433,8 @@ def main(argv=None):
                    help="compute precision of both (bfloat16: autocast over float32 weights in both)")
     p.add_argument("--kl-chunk", type=int, default=0,
                    help="opct's TrainConfig.kl_chunk (0: the full-vocabulary log-probs at once)")
+    p.add_argument("--sampler", default="hf", choices=["hf", "vllm"],
+                   help="opct's TrainConfig.sampler (vllm: a vLLM engine in opct's worker; TRL uses generate)")
     p.add_argument("--trl-grad-accum", type=int, default=1,
                    help="TRL: micro-batches per step (gradient accumulation; generation stays one batch)")
     p.add_argument("--worker", choices=["opct", "trl"], help=argparse.SUPPRESS)
@@ -478,6 +485,7 @@ def main(argv=None):
         where = "" if (a.device, a.dtype) == ("cpu", "float32") else f"; {a.device} {a.dtype}"
         where += f"; opct kl_chunk {a.kl_chunk}" if a.kl_chunk else ""
         where += f"; TRL in {a.trl_grad_accum} micro-batches" if a.trl_grad_accum > 1 else ""
+        where += "; opct samples through vLLM" if a.sampler == "vllm" else ""
         print(f"model {a.model} ({n_linear / 1e6:.2f}M linear params); {torch.get_num_threads()} threads; "
               f"{a.pairs} pairs x {a.samples} samples x {a.response_len} response tokens per step; "
               f"prompt {s_len} tokens (teacher {t_len}); LoRA r={a.lora_r}; opct cpu_matmul {a.cpu_matmul}"
