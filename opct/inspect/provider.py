@@ -44,6 +44,7 @@ from inspect_ai.tool import ToolChoice, ToolInfo
 from opct.errors import OpctError
 from opct.evals.generate import Gen
 from opct.inspect._args import flag, integer
+from opct.pairs.schema import prefill_follows_user
 
 DEFAULT_MAX_TOKENS = Gen.max_new_tokens  # opct eval's default
 _ARGS = ("model_path", "adapter", "dtype", "device", "trust_remote_code", "seed", "threads")
@@ -58,7 +59,7 @@ def messages_of(input: list[ChatMessage]) -> list[dict]:
                             "can be rendered (no tool calls)")
         msgs.append({"role": m.role, "content": m.text})
     if msgs and msgs[-1]["role"] == "assistant":
-        if len(msgs) < 2 or msgs[-2]["role"] != "user":
+        if not prefill_follows_user(msgs):
             raise OpctError("opct model: a conversation that ends with an assistant message (continued as its "
                             "prefill) must have a user message right before it")
         msgs[-1]["prefill"] = True

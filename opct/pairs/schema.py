@@ -82,7 +82,7 @@ def _check_messages(obj, name, where):
             raise DataError(path, line, f"{f}.prefill", "only the last message, an assistant message, may be marked "
                                                        "and only with true (the start of the assistant's turn)")
     if prefill_of(msgs) is not None:
-        if len(msgs) < 2 or msgs[-2]["role"] != "user":
+        if not prefill_follows_user(msgs):
             raise DataError(path, line, f"{name}[{len(msgs) - 1}]", "a prefill must follow a user message")
     elif msgs[-1]["role"] != "user":
         raise DataError(path, line, f"{name}[{len(msgs) - 1}].role",
@@ -94,6 +94,11 @@ def prefill_of(messages: list[dict]) -> str | None:
     if messages and messages[-1].get("role") == "assistant" and messages[-1].get("prefill") is True:
         return messages[-1]["content"]
     return None
+
+
+def prefill_follows_user(messages: list[dict]) -> bool:
+    """The rule for a prompt whose last message is a prefill: the message before it is the user's."""
+    return len(messages) >= 2 and messages[-2].get("role") == "user"
 
 
 def without_prefill(messages: list[dict]) -> list[dict]:
