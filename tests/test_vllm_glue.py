@@ -1,7 +1,8 @@
 """opct's vLLM sampler end to end against a stand-in for the vllm package (tests/fake_vllm.py: the same API names,
 the Hugging Face model underneath). These tests check that opct's side fits together — requests and their seeds,
 processed log-probs reaching `Samples`, weight pushes under checkpoint names, the training loop's hooks, an exact
-resume — not how vLLM behaves (bench/gpu_check.sh does that on a GPU)."""
+resume — not how vLLM behaves (tests/test_vllm_real.py does that against vLLM's CPU build, bench/gpu_check.sh on a
+GPU)."""
 
 import torch
 

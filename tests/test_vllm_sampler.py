@@ -4,7 +4,8 @@ push sends, the loop's hooks (begin_step / push_weights) and the errors when the
 
 None of this runs vLLM: the outputs below are plain objects with the attribute names of vLLM's `RequestOutput` /
 `CompletionOutput` / `Logprob`, so these tests check opct's conversion, not vLLM's behaviour. What only vLLM can
-show (its log-probs against HF's, a push taking effect) is in bench/gpu_check.sh.
+show (its log-probs against HF's, a push taking effect) is in tests/test_vllm_real.py (vLLM's CPU build) and
+bench/gpu_check.sh (a GPU).
 """
 
 import copy
