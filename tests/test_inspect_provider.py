@@ -180,6 +180,72 @@ def test_bad_model_arguments_are_clear_errors(args, needle):
         get_model("opct/local", memoize=False, **args)
 
 
+def _inspect_cli(tmp_path, *args, display="plain"):
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    cli = Path(sys.executable).with_name("inspect")
+    return subprocess.run([str(cli), "eval", *args, "--log-dir", str(tmp_path / "logs"), "--display", display],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-T", "n=abc", "-M", f"model_path={MODEL}"], "opct task argument n: must be an integer >= 1 (got 'abc')"),
+    (["-M", f"model_path={MODEL}", "-M", "seed=-1"], "opct model argument seed: must be an integer >= 0 (got -1)"),
+    (["-M", "model_path=MISSING"], "MISSING: not a model directory"),
+    (["-T", "items=BAD", "-M", f"model_path={MODEL}"], "BAD:1: <json>: malformed JSON"),
+])
+def test_inspect_eval_prints_a_bad_argument_or_file_as_one_line(tmp_path, args, needle):
+    """From the shell, what the user can fix (a -T or -M value, a model directory, a malformed items file) is one
+    line, `opct: error: ...`, with no traceback and exit status 1 (inspect prints a traceback for anything else)."""
+    bad = tmp_path / "items.jsonl"
+    bad.write_text('{"question": \n')
+    subs = {"MISSING": str(tmp_path / "missing"), "BAD": str(bad)}
+
+    def sub(text):
+        for name, value in subs.items():
+            text = text.replace(name, value)
+        return text
+
+    p = _inspect_cli(tmp_path, "opct/sycophancy", "--model", "opct/local", *map(sub, args))
+    out = " ".join((p.stdout + p.stderr).split())  # rich wraps the line at the terminal's width
+    needle = " ".join(sub(needle).split())
+    assert p.returncode == 1, out[-2000:]
+    assert f"opct: error: {needle}" in out, out[-2000:]
+    assert "Traceback" not in out, out[-2000:]
+
+
+def test_from_the_shell_a_prefill_task_on_a_closing_provider_is_refused_before_it_runs(tmp_path):
+    """Under `inspect eval` the model is known when the task is made: the refusal is then one line and exit status 1,
+    before any sample runs (a Task built in Python first is refused by its solver, as above)."""
+    p = _inspect_cli(tmp_path, "opct/prefill", "-T", "n=1", "--model", "mockllm/model")
+    out = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 1, out[-2000:]
+    assert "opct: error: this task's prompts end inside the assistant's turn" in out, out[-2000:]
+    assert "(MockLLM" in out and "--model opct/local" in out and "Traceback" not in out, out[-2000:]
+    assert not list((tmp_path / "logs").glob("*.eval"))  # nothing ran
+
+
+def test_under_display_none_the_error_is_still_printed(tmp_path):
+    """`--display none` silences inspect's one-line printing; the error then comes with its traceback, but it comes."""
+    p = _inspect_cli(tmp_path, "opct/sycophancy", "-T", "n=0", "--model", "opct/local", "-M", f"model_path={MODEL}",
+                     display="none")
+    assert p.returncode == 1
+    assert "opct task argument n: must be an integer >= 1 (got 0)" in p.stderr, p.stderr[-2000:]
+
+
+def test_clear_errors_turns_what_the_user_can_fix_into_one_error_and_leaves_bugs_alone(tmp_path):
+    from opct.inspect._args import InspectInputError, clear_errors
+
+    with pytest.raises(InspectInputError, match=f"^{tmp_path}/nope.jsonl: no such file or directory$"):
+        with clear_errors():
+            open(tmp_path / "nope.jsonl")
+    with pytest.raises(InspectInputError, match="^bad value$"):
+        with clear_errors():
+            raise OpctError("bad value")
+    with pytest.raises(ZeroDivisionError):  # a bug: its own exception, traceback and all
+        with clear_errors():
+            1 / 0
+
+
 @pytest.mark.parametrize("config,messages,needle", [
     (GenerateConfig(top_k=5), None, "top_k is not supported"),
     (GenerateConfig(stop_seqs=["."]), None, "stop_seqs is not supported"),

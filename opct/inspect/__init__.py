@@ -84,7 +84,7 @@ from inspect_ai.model import GenerateConfig, get_model, modelapi
 from inspect_ai.scorer import SampleScore, Score, Target, metric, scorer
 from inspect_ai.solver import Generate, TaskState, generate, solver
 
-from opct.inspect._args import flag, integer
+from opct.inspect._args import clear_errors, flag, integer
 from opct.inspect.adapters import ADAPTERS, Adapter, register_adapter  # noqa: F401  (the plug-in interface)
 from opct.inspect.conversation import chat
 from opct.pairs.schema import prefill_of
@@ -113,17 +113,36 @@ def opct_provider():
     return OpctAPI
 
 
+def _refusal(api) -> str | None:
+    """Why a prefill task cannot run on `api`'s provider (None: it continues a last assistant message)."""
+    if getattr(api, "continues_prefill", False):
+        return None
+    return (f"this task's prompts end inside the assistant's turn (a prefill), and the model's provider "
+            f"({type(api).__name__}) would close that turn instead of continuing it; run it with opct's provider: "
+            f"--model opct/local -M model_path=DIR")
+
+
+def _check_active_model_continues() -> None:
+    """At task creation under `inspect eval` (the model is known then): refuse a provider that would close a prefill
+    before anything runs. A Task built in Python before its eval is checked by `continuing_generate` instead."""
+    try:
+        from inspect_ai.model._model import active_model
+    except ImportError:  # a later inspect_ai: the solver's check still holds
+        return
+    model = active_model()
+    if model is not None and (why := _refusal(model.api)):
+        raise OpctError(why)
+
+
 @solver
 def continuing_generate():
     """`generate()` for a task whose prompts may end inside the assistant's turn (a prefill): refused unless the
     model's provider continues a last assistant message (`continues_prefill`, as `opct/local` does); inspect's
     `hf/local` would close the message and answer in a new turn, which measures another thing."""
     async def solve(state: TaskState, generate_: Generate) -> TaskState:
-        api = get_model().api
-        if not getattr(api, "continues_prefill", False):
-            raise OpctError(f"this task's prompts end inside the assistant's turn (a prefill), and the model's "
-                            f"provider ({type(api).__name__}) would close that turn instead of continuing it; run "
-                            f"it with opct's provider: --model opct/local -M model_path=DIR")
+        why = _refusal(get_model().api)
+        if why:
+            raise OpctError(why)
         return await generate_(state)
 
     return solve
@@ -232,6 +251,7 @@ def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, ask
     return axis_scorer()
 
 
+@clear_errors()  # `inspect eval` prints what the user can fix as one line
 def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed: int = 0, trained=None,
               items: str | None = None, prompt_side: str = "student", max_tokens: int = 64,
               temperature: float = 1.0, groups: bool = False) -> Task:
@@ -264,6 +284,8 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
                 prompt = probe["prompt"]
             prefilled = prefilled or prefill_of(prompt) is not None
         samples_.append(Sample(input=chat(prompt), id=_sample_id(i, probe), metadata={"probe": probe}))
+    if prefilled:
+        _check_active_model_continues()
     return Task(dataset=MemoryDataset(samples_, name=f"opct-{axis}"),
                 solver=adapter.solver(p, max_tokens, temperature) if multi_turn else
                 (continuing_generate() if prefilled else generate()),

@@ -1,11 +1,59 @@
 """Checks of the arguments a user passes on inspect's command line, `-T` to opct's tasks and `-M` to opct's model
 provider: inspect hands them over as YAML parsed them (`-T n=50` an int, `-T n=ten` a string), and a bad one is one
 OpctError naming it (`opct task argument n: ...`, `opct model argument seed: ...`), never a traceback from inside a
-task."""
+task. Task and model construction run under `clear_errors`, so that inspect prints such an error as one line."""
 
 from __future__ import annotations
 
-from opct.errors import OpctError
+from contextlib import contextmanager
+
+from opct.errors import OpctError, user_message
+
+try:  # inspect prints a PrerequisiteError as its message alone; anything else with a traceback
+    from inspect_ai._util.error import PrerequisiteError
+except ImportError:  # a later inspect_ai without it: the error still says what is wrong, after inspect's traceback
+    PrerequisiteError = Exception
+
+
+class InspectInputError(OpctError):
+    """A problem with what the user passed to one of opct's tasks or its model provider (an argument, a file, a model
+    directory)."""
+
+
+class _OneLine(InspectInputError, PrerequisiteError):
+    """An InspectInputError that inspect prints as `opct: error: ...` and no traceback (its exception hook, set by
+    its command line and by `inspect_ai.eval`, prints a PrerequisiteError's `message` through rich)."""
+
+    def __init__(self, message: str):
+        InspectInputError.__init__(self, message)
+        from rich.text import Text  # not markup: a message's [brackets] are its own
+
+        self.message = Text(f"opct: error: {message}")
+
+
+def _rich_is_quiet() -> bool:
+    """`--display none` makes rich's console quiet, and inspect's hook would then print nothing at all."""
+    import rich
+
+    return rich.get_console().quiet
+
+
+@contextmanager
+def clear_errors():
+    """Inside: what the user can fix (an OpctError, an unreadable or malformed file: `opct.errors.user_message`)
+    leaves as an `InspectInputError` (which inspect prints as one line, unless its display is `none`: then with the
+    traceback); a bug keeps its traceback."""
+    try:
+        yield
+    except InspectInputError:
+        raise
+    except Exception as e:  # noqa: BLE001 - sorted by user_message: the user's problem, or a bug
+        message = user_message(e)
+        if message is None:
+            raise
+        # one line where inspect will show it; under --display none the traceback, which Python prints anyway
+        raise (InspectInputError if _rich_is_quiet() else _OneLine)(message) from None
+
 
 TRUE, FALSE = ("true", "yes", "1"), ("false", "no", "0")
 

@@ -43,7 +43,7 @@ from inspect_ai.tool import ToolChoice, ToolInfo
 
 from opct.errors import OpctError
 from opct.evals.generate import Gen
-from opct.inspect._args import flag, integer
+from opct.inspect._args import clear_errors, flag, integer
 from opct.pairs.schema import prefill_follows_user
 
 DEFAULT_MAX_TOKENS = Gen.max_new_tokens  # opct eval's default
@@ -79,6 +79,7 @@ class OpctAPI(ModelAPI):
 
     continues_prefill = True  # a last assistant message is continued, not closed (what opct/prefill checks for)
 
+    @clear_errors()  # `inspect eval` prints a bad -M argument or model directory as one line
     def __init__(self, model_name: str, base_url: str | None = None, api_key: str | None = None,
                  config: GenerateConfig = GenerateConfig(), **model_args: Any):
         super().__init__(model_name=model_name, base_url=base_url, api_key=api_key, config=config)
