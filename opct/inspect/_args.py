@@ -31,6 +31,9 @@ class _OneLine(InspectInputError, PrerequisiteError):
         self.message = Text(f"opct: error: {message}")
 
 
+_OneLine.__name__ = _OneLine.__qualname__ = "InspectInputError"  # in a traceback (a script's), the class it is
+
+
 def _rich_is_quiet() -> bool:
     """`--display none` makes rich's console quiet, and inspect's hook would then print nothing at all."""
     import rich
