@@ -182,6 +182,7 @@ def test_bad_model_arguments_are_clear_errors(args, needle):
 
 def _inspect_cli(tmp_path, *args, display="plain"):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env["COLUMNS"] = "1000"  # rich breaks a long line at the terminal's width, a long path within a word
     cli = Path(sys.executable).with_name("inspect")
     return subprocess.run([str(cli), "eval", *args, "--log-dir", str(tmp_path / "logs"), "--display", display],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
@@ -206,7 +207,7 @@ def test_inspect_eval_prints_a_bad_argument_or_file_as_one_line(tmp_path, args, 
         return text
 
     p = _inspect_cli(tmp_path, "opct/sycophancy", "--model", "opct/local", *map(sub, args))
-    out = " ".join((p.stdout + p.stderr).split())  # rich wraps the line at the terminal's width
+    out = " ".join((p.stdout + p.stderr).split())
     needle = " ".join(sub(needle).split())
     assert p.returncode == 1, out[-2000:]
     assert f"opct: error: {needle}" in out, out[-2000:]
