@@ -50,17 +50,24 @@ def _sample(policy, ids, seed, max_new=64):
     return policy.sample([ids], max_new, 1.0).texts[0]
 
 
+def _inspect_cli(tmp_path, *args, display="plain", timeout=240):
+    """`inspect eval ARGS` as a user runs it: outside the checkout, with the hub as the user left it (opct turns it
+    off), logging under tmp_path/logs."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env["COLUMNS"] = "1000"  # rich breaks a long line at the terminal's width, a long path within a word
+    cli = Path(sys.executable).with_name("inspect")
+    return subprocess.run([str(cli), "eval", *args, "--log-dir", str(tmp_path / "logs"), "--display", display],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def test_inspect_eval_of_prefill_with_opct_local_continues_each_prefill(tmp_path):
     """`inspect eval opct/prefill --model opct/local -M model_path=DIR -M adapter=DIR`, as a user runs it (outside the
     checkout): every completion is what opct's policy (with the adapter) samples from the prompt *with* its prefill
     (the assistant's turn continued, not closed) at the request's seed; each score is the prefill grader's verdict,
     and the task's metrics are the axis's metrics over those records."""
     adapter = _adapter(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    cli = Path(sys.executable).with_name("inspect")
-    p = subprocess.run([str(cli), "eval", "opct/prefill", "--model", "opct/local", "-M", f"model_path={MODEL}",
-                        "-M", f"adapter={adapter}", "-T", "n=2", "-T", "seed=0", "--log-dir", str(tmp_path / "logs"),
-                        "--display", "none"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    p = _inspect_cli(tmp_path, "opct/prefill", "--model", "opct/local", "-M", f"model_path={MODEL}",
+                     "-M", f"adapter={adapter}", "-T", "n=2", "-T", "seed=0", display="none", timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     from inspect_ai.log import list_eval_logs, read_eval_log
 
@@ -180,14 +187,6 @@ def test_bad_model_arguments_are_clear_errors(args, needle):
         get_model("opct/local", memoize=False, **args)
 
 
-def _inspect_cli(tmp_path, *args, display="plain"):
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    env["COLUMNS"] = "1000"  # rich breaks a long line at the terminal's width, a long path within a word
-    cli = Path(sys.executable).with_name("inspect")
-    return subprocess.run([str(cli), "eval", *args, "--log-dir", str(tmp_path / "logs"), "--display", display],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-
-
 @pytest.mark.parametrize("args,needle", [
     (["-T", "n=abc", "-M", f"model_path={MODEL}"], "opct task argument n: must be an integer >= 1 (got 'abc')"),
     (["-M", f"model_path={MODEL}", "-M", "seed=-1"], "opct model argument seed: must be an integer >= 0 (got -1)"),
@@ -208,9 +207,8 @@ def test_inspect_eval_prints_a_bad_argument_or_file_as_one_line(tmp_path, args, 
 
     p = _inspect_cli(tmp_path, "opct/sycophancy", "--model", "opct/local", *map(sub, args))
     out = " ".join((p.stdout + p.stderr).split())
-    needle = " ".join(sub(needle).split())
     assert p.returncode == 1, out[-2000:]
-    assert f"opct: error: {needle}" in out, out[-2000:]
+    assert f"opct: error: {sub(needle)}" in out, out[-2000:]
     assert "Traceback" not in out, out[-2000:]
 
 
