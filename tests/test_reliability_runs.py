@@ -278,6 +278,36 @@ def test_the_http_judge_gives_up_on_a_silent_endpoint_within_its_timeout(silent_
     assert silent_endpoint in str(e.value) and "no answer within" in str(e.value)
 
 
+@pytest.mark.parametrize("url", ["notaurl", "ftp://host/v1", "http://", "http://host:port/v1", "http://h:99999/v1"])
+def test_a_judge_url_that_is_not_one_is_refused_before_anything_runs(url, tmp_path, capsys):
+    """From the flag and from an experiment file: one line naming the flag or the file's field, and nothing written
+    (urllib raised a bare ValueError at the first grade, after every response had been sampled)."""
+    err = cli_error(capsys, ["eval", "--model", "nodir-never-loaded", "--suite", "jailbreak", "--judge", "http",
+                             "--judge-url", url, "--judge-model", "g", "--out", str(tmp_path / "e")])
+    assert err.startswith(f"opct: error: --judge-url: {url!r} is not an http:// or https:// URL"), err
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"name": "j", "arms": ["base"], "eval": {"judge": "http", "judge_url": url,
+                                                                           "judge_model": "g"}}))
+    err = cli_error(capsys, ["run", str(exp), "--out", str(tmp_path / "runs")])
+    assert err.startswith(f"opct: error: {exp}: eval.judge_url: {url!r} is not"), err
+    exp.write_text(yaml.safe_dump({"name": "j", "arms": ["base"], "eval": {"judge": "http"}}))
+    err = cli_error(capsys, ["run", str(exp), "--out", str(tmp_path / "runs")])
+    assert err == f"opct: error: {exp}: eval.judge_url: judge http needs judge_url (an OpenAI-compatible base URL) " \
+                  "and judge_model", err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]
+
+
+def test_a_run_file_of_an_unknown_kind_is_named_as_such(tmp_path, capsys):
+    """`kind:` selects a robustness or threats file; any other kind is a misspelling, not an unknown experiment
+    field."""
+    f = tmp_path / "k.yaml"
+    f.write_text("kind: robustnes\nseeds: [0]\n")
+    err = cli_error(capsys, ["run", str(f), "--out", str(tmp_path / "runs")])
+    assert err == f"opct: error: {f}: kind: must be robustness or threats (got 'robustnes'); an experiment file has " \
+                  "no kind", err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_eval_judge_timeout_flag(test_organism, tmp_path, capsys, silent_endpoint):
     t0 = time.monotonic()
     err = cli_error(capsys, ["eval", "--model", str(test_organism), "--suite", "jailbreak", "--n", "1", "--samples",
@@ -290,3 +320,19 @@ def test_eval_judge_timeout_flag(test_organism, tmp_path, capsys, silent_endpoin
                                                                "http", "--judge-url", silent_endpoint, "--judge-model",
                                                                "g", "--judge-timeout", "0", "--out",
                                                                str(tmp_path / "e")])
+
+
+def test_resuming_trims_metrics_and_says_when_lines_other_than_a_torn_last_one_are_lost(tmp_path, capsys):
+    from opct.train.rundir import truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    row = lambda s: json.dumps({"step": s, "loss": 0.5})  # noqa: E731
+    path.write_text("\n".join([row(1), row(2), row(3), '{"step": 4, "lo']))  # killed while writing step 4
+    truncate_metrics(path, 2)
+    assert path.read_text() == row(1) + "\n" + row(2) + "\n"
+    assert capsys.readouterr().err == ""  # a torn last line is what a kill leaves: nothing to say
+    path.write_text("\n".join([row(1), "{damaged", row(2), "[3]"]) + "\n")
+    truncate_metrics(path, 2)
+    assert path.read_text() == row(1) + "\n" + row(2) + "\n"
+    err = capsys.readouterr().err
+    assert f"{path}: dropped 2 unreadable line(s) (line 2, 4)" in err and "those steps have no metrics" in err

@@ -75,6 +75,7 @@ def run(args) -> int:
         print(f"opct eval: {len(failed)} of {len(cfg.lm_eval_tasks)} lm-eval tasks failed and have no metrics ("
               + "; ".join(f"{t}: {m}" for t, m in failed.items()) + f"; {cfg.out}/run.json: lm_eval_errors)",
               file=sys.stderr)
+        return 1  # what was asked for is not all there: a script running the eval must be able to tell
     return 0
 
 

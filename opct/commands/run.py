@@ -46,6 +46,13 @@ def run(args) -> int:
         return run_robustness_file(args)
     if args.experiment and _is_threats(args.experiment):
         return run_threats_file(args)
+    if args.experiment:
+        from opct.config import load_config_file
+
+        kind = load_config_file(args.experiment).get("kind")
+        if kind is not None:  # an experiment file has no kind; a misspelt one is not an unknown field
+            raise OpctError(f"{args.experiment}: kind: must be robustness or threats (got {kind!r}); an experiment "
+                            "file has no kind")
     if "quick" in vars(args):
         raise OpctError("--quick is for robustness and threats files (kind: robustness / threats); an experiment has "
                         "no quick sizes")

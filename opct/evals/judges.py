@@ -26,6 +26,7 @@ import os
 import re
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Protocol, Sequence
 
@@ -127,6 +128,20 @@ def strongreject_score(refused: int, convincing: int, specific: int) -> float:
 DEFAULT_TIMEOUT = 45.0
 
 
+def judge_url_problem(url) -> str | None:
+    """What is wrong with `url` as a judge's base URL, or None: it must be an http(s) URL with a host (urllib would
+    raise a bare ValueError at the first grade, after the model had sampled every response)."""
+    try:
+        parts = urllib.parse.urlsplit(url) if isinstance(url, str) else None
+        ok = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname)
+        if ok:
+            parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    except ValueError:
+        ok = False
+    return None if ok else (f"{url!r} is not an http:// or https:// URL with a host and a valid port "
+                            "(an OpenAI-compatible base URL, e.g. http://localhost:8000/v1)")
+
+
 class HTTPJudge:
     """An OpenAI-compatible chat/completions endpoint with the rubric above.
 
@@ -141,6 +156,9 @@ class HTTPJudge:
                  timeout: float = DEFAULT_TIMEOUT, backoff: float = 1.0, threshold: float = 0.5, max_tokens: int = 512):
         if not timeout > 0:
             raise OpctError(f"judge timeout must be > 0 seconds (got {timeout!r})")
+        problem = judge_url_problem(url)
+        if problem:
+            raise OpctError(f"judge URL: {problem}")
         self.name = f"http:{model}"
         self.url = url.rstrip("/")
         if not self.url.endswith("/chat/completions"):

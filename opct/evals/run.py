@@ -147,6 +147,12 @@ class EvalConfig:
         bad = [a for a, v in self.axis_n.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
         if bad:
             raise ConfigError(f"axis_n.{bad[0]}", f"must be an integer >= 1 (got {self.axis_n[bad[0]]!r})")
+        if self.judge_url is not None:
+            from opct.evals.judges import judge_url_problem
+
+            problem = judge_url_problem(self.judge_url)
+            if problem:
+                raise ConfigError("judge_url", problem)
 
 
 def headline(metrics: dict) -> list[str]:

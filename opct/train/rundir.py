@@ -64,11 +64,16 @@ def truncate_metrics(path: Path, step: int) -> None:
     kill tore."""
     if not path.exists():
         return
-    kept = []
-    for line in path.read_bytes().decode("utf-8", "replace").splitlines():
+    kept, unreadable = [], []
+    lines = path.read_bytes().decode("utf-8", "replace").splitlines()
+    for i, line in enumerate(lines, 1):
         try:
             if json.loads(line)["step"] <= step:
                 kept.append(line)
         except (json.JSONDecodeError, KeyError, TypeError):  # a line torn by the kill
-            continue
+            unreadable.append(i)
+    if [n for n in unreadable if n != len(lines)]:  # only the last line can be torn by a kill: say what was lost
+        print(f"opct train: {path}: dropped {len(unreadable)} unreadable line(s) (line "
+              + ", ".join(map(str, unreadable[:10])) + (", ..." if len(unreadable) > 10 else "")
+              + "); the file was damaged or edited, so those steps have no metrics", file=sys.stderr)
     files.write_atomic(path, "".join(ln + "\n" for ln in kept))
