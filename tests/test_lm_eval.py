@@ -96,3 +96,25 @@ def test_opct_eval_says_at_the_end_which_lm_eval_tasks_failed(tasks_dir, tmp_pat
     assert last.startswith("opct eval: 1 of 2 lm-eval tasks failed and have no metrics (no_such_task_anywhere: ")
     assert "opct_arith" not in last and f"{out}/run.json: lm_eval_errors" in last
     assert set(json.loads((out / "run.json").read_text())["lm_eval_errors"]) == {"no_such_task_anywhere"}
+
+
+def test_a_task_yaml_that_does_not_parse_is_named_when_its_task_is_not_found(tasks_dir, tmp_path, monkeypatch):
+    """The harness skips a task YAML it cannot parse without a word, so the task reads as "not registered"; the
+    error then names the file and line. A YAML with lm-eval's own tags (`!function`) is not reported."""
+    from opct.evals.lm_eval_bridge import run_lm_eval, unparseable_yamls
+    from opct.organism.build import SHIPPED_DIR
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "opct_arith.yaml").write_text((tasks_dir / "opct_arith.yaml").read_text())
+    (tmp_path / "tagged.yaml").write_text("task: tagged\nprocess_docs: !function utils.process\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "broken.yaml").write_text("task: broken\ndataset_path: json\n  bad: [\n")
+    assert unparseable_yamls(tmp_path) == [f"{tmp_path}/sub/broken.yaml:3: not valid YAML (mapping values are not "
+                                           "allowed here)"]
+    errors: dict = {}
+    out = run_lm_eval(SHIPPED_DIR / "default", tasks=["broken", "opct_arith"], include_path=tmp_path, limit=2,
+                      log=lambda *a: None, errors=errors)
+    assert list(errors) == ["broken"] and "not a registered task" in errors["broken"]
+    assert errors["broken"].endswith(f"; {tmp_path}/sub/broken.yaml:3: not valid YAML (mapping values are not "
+                                     "allowed here)")
+    assert "capability.lm_eval[task=opct_arith,measure=exact_match,filter=answer]" in out

@@ -16,13 +16,15 @@ kept, so a task with several filters does not overwrite itself); only the measur
 its `higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are
 the harness's normal approximation (value ± 1.96 stderr), clipped to [0, 1] for a rate; `n` is the number of
 documents evaluated. A task that fails is logged and listed in `errors` (run.json's `lm_eval_errors`), and the
-others still run. When `lm_eval` is not installed the bridge is skipped with a message saying so — it never fails
+others still run; a task the harness cannot find is reported with the include folder's YAML files that do not parse
+(the harness skips those without a word, so a typo in one reads as "not a registered task"). When `lm_eval` is not installed the bridge is skipped with a message saying so — it never fails
 the run.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 from opct.errors import first_line
 
@@ -61,12 +63,38 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
         except Exception as e:  # noqa: BLE001 - one task's failure (a missing dataset or extra) must not lose the rest
             detail = first_line(e, "")
             message = f"{type(e).__name__}: {detail}" if detail else type(e).__name__
+            if include_path and "not a registered task" in message:
+                message += "".join(f"; {bad}" for bad in unparseable_yamls(include_path))
             log(f"capability: lm-eval task {task} failed: {message}")
             if errors is not None:
                 errors[task] = message
             continue
         out.update(to_metrics(results))
     return out
+
+
+def unparseable_yamls(folder) -> list[str]:
+    """`FILE:LINE: problem` for each task YAML under `folder` that is not valid YAML (lm-eval's own tags, such as
+    `!function`, are accepted). At most 5."""
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    _Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+    bad = []
+    for path in sorted(Path(folder).rglob("*.y*ml")):
+        try:
+            yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader, tags ignored
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            bad.append(f"{path}{line}: not valid YAML ({getattr(e, 'problem', None) or first_line(e, 'cannot parse')})")
+        except (OSError, UnicodeDecodeError) as e:
+            bad.append(f"{path}: cannot read ({first_line(e, type(e).__name__)})")
+        if len(bad) == 5:
+            break
+    return bad
 
 
 def _clip(x: float, value: float) -> float:
