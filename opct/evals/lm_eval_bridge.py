@@ -17,8 +17,8 @@ its `higher_is_better` table, with that direction) are metrics — a sample leng
 the harness's normal approximation (value ± 1.96 stderr), clipped to [0, 1] for a rate; `n` is the number of
 documents evaluated. A task that fails is logged and listed in `errors` (run.json's `lm_eval_errors`), and the
 others still run; a task the harness cannot find is reported with the include folder's YAML files that do not parse
-(the harness skips those without a word, so a typo in one reads as "not a registered task"). When `lm_eval` is not installed the bridge is skipped with a message saying so — it never fails
-the run.
+(the harness skips those without a word, so a typo in one reads as "not a registered task"). When `lm_eval` is not
+installed the bridge is skipped with a message saying so — it never fails the run.
 """
 
 from __future__ import annotations
