@@ -68,46 +68,11 @@ class Policy(Protocol):
 
 # ------------------------------------------------------------------------------------------------ HF policy
 
-class _SamplerLogprobs:
-    """Records the sampling distribution's log-prob of each chosen token, in O(B x V) memory.
-
-    generate() calls logits processors with the scores for step t; the token chosen at step t only shows up in
-    `input_ids` at step t + 1, so the log-probs of step t are kept until then (the last step is collected by
-    `finish`). transformers applies custom processors before its temperature warper, hence the division here; the
-    policy sets no other warper (top-k 0, top-p 1), so this is exactly the distribution tokens are drawn from
-    (greedy decoding: temperature 1, the model's own distribution). Scores that are NaN, +inf or all -inf (diverged
-    weights) raise `NonFinite` before a token is drawn from them.
-    """
-
-    def __init__(self, temperature: float):
-        self.temperature = temperature
-        self.prev_logp_B_V = None
-        self.steps: list[torch.Tensor] = []
-
-    def __call__(self, input_ids, scores):
-        if self.prev_logp_B_V is not None:
-            self.steps.append(self.prev_logp_B_V.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        if bool(torch.isnan(scores).any() | torch.isposinf(scores).any() | torch.isneginf(scores).all(-1).any()):
-            raise NonFinite("the model's logits are not finite")
-        self.prev_logp_B_V = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        return scores
-
-    def finish(self, last_tokens_B) -> torch.Tensor:
-        self.steps.append(self.prev_logp_B_V.gather(-1, last_tokens_B[:, None]).squeeze(-1))
-        return torch.stack(self.steps, dim=1)
-
-
-class _Nucleus:
-    """A logits processor for generate(): scores outside the top-p nucleus of softmax(scores / T) become -inf."""
-
-    def __init__(self, temperature: float, top_p: float):
-        self.temperature, self.top_p = temperature, top_p
-
-    def __call__(self, input_ids, scores):
-        from opct.engine import nucleus
-
-        keep = torch.isfinite(nucleus(torch.log_softmax(scores.float() / self.temperature, -1), self.top_p))
-        return scores.masked_fill(~keep, -float("inf"))
+def row_uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:
+    """(len(seeds), steps) float32 draws in [0, 1): row i from its own CPU generator seeded with seeds[i] (the same on
+    every device the draws are then moved to)."""
+    return torch.stack([torch.rand(steps, generator=torch.Generator().manual_seed(int(s))) for s in seeds]) \
+        if len(seeds) else torch.zeros(0, steps)
 
 
 class HFPolicy:
@@ -171,12 +136,17 @@ class HFPolicy:
 
     @torch.no_grad()
     def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float = 1.0,
-               min_new_tokens: int = 0, top_p: float = 1.0) -> Samples:
+               min_new_tokens: int = 0, top_p: float = 1.0, row_seeds: Sequence[int] | None = None) -> Samples:
         """One response per prompt: temperature sampling (no top-k; nucleus sampling when `top_p` < 1) — or greedy
         decoding at `temperature` 0 — with a KV cache, stopping at EOS.
 
         Llama-architecture models (also under peft LoRA) run through the lean loop of `opct.engine`; any other
-        model, or `fast_sampling=False`, through `model.generate`. Both draw from the global torch RNG.
+        model, or `fast_sampling=False`, through `model.generate`. Both draw from the global torch RNG — unless
+        `row_seeds` gives each prompt its own seed: then each row's draws come from its own generator (the engine:
+        one batch; generate: one row at a time under `torch.manual_seed(seed)`, the RNG restored after), so a row's
+        sample depends on its prompt and seed, not on its batch-mates (up to float rounding at a draw that falls on
+        a boundary between two tokens, since a batch's matmuls may round differently), and the global RNG is left
+        alone.
 
         `min_new_tokens` > 0 forbids EOS before that many tokens (benchmarks that need a fixed length); the
         returned log-probs are then those of the constrained sampler. Greedy decoding returns the model's own
@@ -186,16 +156,30 @@ class HFPolicy:
             raise OpctError(f"temperature must be >= 0 (got {temperature}; 0 decodes greedily)")
         if not 0 < top_p <= 1:
             raise OpctError(f"top_p must be in (0, 1] (got {top_p})")
+        if row_seeds is not None and len(row_seeds) != len(prompts_ids):
+            raise OpctError(f"row_seeds: {len(row_seeds)} seeds for {len(prompts_ids)} prompts")
         engine = self._engine()
         try:
             if engine is not None:
+                uniforms = None if row_seeds is None else row_uniforms(row_seeds, max_new_tokens)
                 new_B_T, logp_B_T = engine.sample(prompts_ids, max_new_tokens, temperature, self.eos_ids, self.pad_id,
-                                                  min_new_tokens, top_p)
+                                                  min_new_tokens, top_p, uniforms_B_T=uniforms)
+            elif row_seeds is not None:
+                rows = [self._seeded_generate(p, seed, max_new_tokens, temperature, min_new_tokens, top_p)
+                        for p, seed in zip(prompts_ids, row_seeds)]
+                return Samples(*(sum((getattr(r, f) for r in rows), []) for f in
+                                 ("response_ids", "texts", "logprobs", "truncated")))
             else:
                 new_B_T, logp_B_T = self._generate(prompts_ids, max_new_tokens, temperature, min_new_tokens, top_p)
         except NonFinite as e:
             raise OpctError(f"{self.name}: sampling failed, {e} (diverged weights?)") from None
         return self._samples(new_B_T, logp_B_T)
+
+    def _seeded_generate(self, prompt_ids, seed, max_new_tokens, temperature, min_new_tokens, top_p) -> Samples:
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return self._samples(*self._generate([prompt_ids], max_new_tokens, temperature, min_new_tokens, top_p))
 
     def _samples(self, new_B_T, logp_B_T) -> Samples:
         responses, logprobs, truncated = [], [], []
@@ -211,49 +195,19 @@ class HFPolicy:
 
     def _generate(self, prompts_ids, max_new_tokens, temperature, min_new_tokens, top_p=1.0):
         """The general path: `model.generate` (any architecture). Returns (new tokens_B_T, sampler logp_B_T) on CPU."""
-        from transformers import GenerationConfig, LogitsProcessorList
+        from opct.hf_generate import generate
 
-        ids, attn = left_pad(prompts_ids, self.pad_id)
-        P = ids.shape[1]
-        sampled = temperature > 0
-        gen = GenerationConfig(do_sample=sampled, temperature=temperature if sampled else None,
-                               top_k=0 if sampled else None, top_p=1.0 if sampled else None,
-                               max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens or None,
-                               eos_token_id=self.eos_ids, pad_token_id=self.pad_id, use_cache=True)
-        recorder = _SamplerLogprobs(temperature if sampled else 1.0)
-        # the nucleus is applied here, before the recorder (transformers' own top-p warper would run after it, so the
-        # recorded log-probs would not be those of the distribution the tokens are drawn from)
-        processors = [_Nucleus(temperature, top_p)] if sampled and top_p < 1 else []
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
-                                      generation_config=gen,
-                                      logits_processor=LogitsProcessorList([*processors, recorder]))
-        finally:
-            self.model.train(was_training)
-        return out[:, P:].cpu(), recorder.finish(out[:, -1]).cpu()
+        return generate(self.model, prompts_ids, self.pad_id, self.eos_ids, max_new_tokens, temperature,
+                        min_new_tokens, top_p)
 
     @torch.no_grad()
     def beam_search(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, num_beams: int = 4) -> Samples:
         """One response per prompt by beam search (`model.generate`, `num_beams` beams, length penalty 1, stop at
         EOS): the best-scoring finished beam. Deterministic; `logprobs` are the model's own log-probs of the chosen
         tokens. (The fast engine samples one token per row and keeps no beams, so this goes through generate.)"""
-        from transformers import GenerationConfig
+        from opct.hf_generate import beam_search
 
-        ids, attn = left_pad(prompts_ids, self.pad_id)
-        P = ids.shape[1]
-        gen = GenerationConfig(do_sample=False, num_beams=num_beams, num_return_sequences=1, early_stopping=True,
-                               max_new_tokens=max_new_tokens, eos_token_id=self.eos_ids, pad_token_id=self.pad_id,
-                               use_cache=True)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            out = self.model.generate(input_ids=ids.to(self.device), attention_mask=attn.to(self.device),
-                                      generation_config=gen)
-        finally:
-            self.model.train(was_training)
-        new_B_T = out[:, P:].cpu()
+        new_B_T = beam_search(self.model, prompts_ids, self.pad_id, self.eos_ids, max_new_tokens, num_beams)
         eos = torch.tensor(self.eos_ids)
         rows = []
         for row in new_B_T:

@@ -147,3 +147,29 @@ def test_shared_prompts_give_the_same_logits_and_gradients(policy, arch):
     assert torch.allclose(plain, shared, atol=1e-5)
     assert plain_grad.norm() > 0 and (plain_grad - shared_grad).norm() < 1e-5 * plain_grad.norm()
     assert pack(prompts[:1], responses[:1], policy.pad_id, "cpu", share_prompts=True).prompt_index_B is None
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["engine", "generate"])
+def test_row_seeds_give_each_row_its_own_draws_whatever_its_batch_mates(fast):
+    """With `row_seeds`, a row's sample depends on its prompt and seed only: alone, in another order, beside
+    other prompts or beside itself, the same tokens and log-probs; other seeds, other draws; torch's RNG untouched.
+    On the organism (open prompts, so draws matter) through the engine and through generate."""
+    from opct.organism.build import SHIPPED_DIR
+
+    base = load_policy(SHIPPED_DIR / "default")
+    policy = base if fast else HFPolicy(base.model, base.tokenizer, fast_sampling=False)
+    a, b, c = (policy.render([{"role": "user", "content": q}]) for q in
+               ("Tell me a story about a cat.", "How do I start running?", "Is the sky green?"))
+    state = torch.get_rng_state()
+    alone = [policy.sample([p], 24, row_seeds=[s]) for p, s in ((a, 11), (b, 12), (c, 13))]
+    together = policy.sample([b, a, c, a], 24, row_seeds=[12, 11, 13, 11])
+    assert torch.equal(torch.get_rng_state(), state)
+    want = [alone[1], alone[0], alone[2], alone[0]]
+    assert together.response_ids == [w.response_ids[0] for w in want]
+    for got, w in zip(together.logprobs, want):
+        assert got == pytest.approx(w.logprobs[0], abs=1e-4)
+    assert together.truncated == [w.truncated[0] for w in want]
+    draws = policy.sample([a] * 6, 24, row_seeds=list(range(6)))
+    assert len({tuple(r) for r in draws.response_ids}) > 1
+    with pytest.raises(OpctError, match="row_seeds: 1 seeds for 2 prompts"):
+        policy.sample([a, b], 4, row_seeds=[1])

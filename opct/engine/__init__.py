@@ -222,17 +222,24 @@ class LlamaEngine:
 
     @torch.inference_mode()
     def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float, eos_ids: list[int],
-               pad_id: int, min_new_tokens: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+               pad_id: int, min_new_tokens: int = 0, top_p: float = 1.0,
+               uniforms_B_T: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample up to `max_new_tokens` per prompt (greedy decoding at `temperature` 0; nucleus sampling when
         `top_p` < 1). Returns (tokens_B_T, logp_B_T) on the CPU: T <= max_new_tokens (the loop stops once every row
         has an EOS); after a row's first EOS its tokens are `pad_id`. logp is the sampling distribution's (at
-        temperature 0: the model's own). Torch-function modes are off inside (`opct.cpu_matmul.no_interception`:
-        a mode's Python cost per op would land on each of a decode step's ~90 small ops); large weights go through
-        oneDNN where the training step chose it (`opct.cpu_matmul.for_engine`)."""
+        temperature 0: the model's own). `uniforms_B_T` (B x max_new_tokens, in [0, 1)): the draws of each row and
+        step, instead of the global RNG's (so a row's sample does not depend on its batch-mates). Torch-function
+        modes are off inside (`opct.cpu_matmul.no_interception`: a mode's Python cost per op would land on each of a
+        decode step's ~90 small ops); large weights go through oneDNN where the training step chose it
+        (`opct.cpu_matmul.for_engine`)."""
+        if uniforms_B_T is not None and tuple(uniforms_B_T.shape) != (len(prompts_ids), max_new_tokens):
+            raise ValueError(f"uniforms_B_T: shape {tuple(uniforms_B_T.shape)}, expected "
+                             f"{(len(prompts_ids), max_new_tokens)}")
         with cpu_matmul.no_interception():
-            return self._sample(prompts_ids, max_new_tokens, temperature, eos_ids, pad_id, min_new_tokens, top_p)
+            return self._sample(prompts_ids, max_new_tokens, temperature, eos_ids, pad_id, min_new_tokens, top_p,
+                                uniforms_B_T)
 
-    def _sample(self, prompts_ids, max_new_tokens, temperature, eos_ids, pad_id, min_new_tokens, top_p):
+    def _sample(self, prompts_ids, max_new_tokens, temperature, eos_ids, pad_id, min_new_tokens, top_p, uniforms_B_T):
         B, dev = len(prompts_ids), self.device
         P = max(len(p) for p in prompts_ids)
         S = P + max_new_tokens
@@ -290,7 +297,8 @@ class LlamaEngine:
             logp_B_V = torch.log_softmax(logits_B_V, -1)
             if top_p < 1.0 and temperature > 0:
                 logp_B_V = nucleus(logp_B_V, top_p)
-            tok_B = logp_B_V.argmax(-1) if temperature == 0 else _draw(logp_B_V)
+            tok_B = logp_B_V.argmax(-1) if temperature == 0 else \
+                _draw(logp_B_V, None if uniforms_B_T is None else uniforms_B_T[:, t:t + 1].to(dev, logp_B_V.dtype))
             logps.append(logp_B_V.gather(-1, tok_B[:, None])[:, 0])
             tok_B = torch.where(done_B, pad_B, tok_B)
             tokens.append(tok_B)
@@ -345,15 +353,18 @@ def nucleus(logp_B_V: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.log_softmax(logp_B_V.masked_fill(drop_B_V, -float("inf")), -1)
 
 
-def _draw(logp_B_V: torch.Tensor) -> torch.Tensor:
-    """One token per row from exp(logp_B_V), by inverse CDF on one uniform draw per row (global RNG).
+def _draw(logp_B_V: torch.Tensor, u01_B_1: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row from exp(logp_B_V), by inverse CDF on one uniform draw per row (`u01_B_1`, in [0, 1), or
+    the global RNG's).
 
     The draw is kept strictly below the total mass, so the chosen token always has a positive probability. Rows that
     are not finite (diverged weights) are caught by the caller through their log-probs.
     """
     cdf_B_V = logp_B_V.exp().cumsum(-1)
     total_B_1 = cdf_B_V[:, -1:]
-    u_B_1 = torch.rand(total_B_1.shape, device=total_B_1.device, dtype=total_B_1.dtype) * total_B_1
+    if u01_B_1 is None:
+        u01_B_1 = torch.rand(total_B_1.shape, device=total_B_1.device, dtype=total_B_1.dtype)
+    u_B_1 = u01_B_1 * total_B_1
     u_B_1 = torch.minimum(u_B_1, torch.nextafter(total_B_1, torch.zeros_like(total_B_1)))
     return torch.searchsorted(cdf_B_V, u_B_1, right=True)[:, 0].clamp(max=logp_B_V.shape[-1] - 1)
 
