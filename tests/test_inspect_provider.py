@@ -3,8 +3,8 @@ possible, for real on the shipped organism when inspect_ai is installed (CI's `m
 opct/prefill` from the shell continues each prefill with opct's sampler (completion for completion what opct's policy
 samples from the prefilled prompt, adapter loaded, at the request's seed), and scores with the prefill axis's grader
 and metrics; a provider that would close the assistant's turn is refused; each request's sample depends on its
-prompt, its repeat and the seed, not on the order requests come in, and leaves torch's RNG as it was; bad model
-arguments and unsupported generation options are clear errors."""
+prompt, its repeat and the seed, not on the order requests come in nor on its batch-mates (`-M batch_size`), and
+leaves torch's RNG as it was; bad model arguments and unsupported generation options are clear errors."""
 
 import asyncio
 import os
@@ -46,8 +46,7 @@ def _adapter(tmp_path) -> str:
 
 
 def _sample(policy, ids, seed, max_new=64):
-    torch.manual_seed(seed)
-    return policy.sample([ids], max_new, 1.0).texts[0]
+    return policy.sample([ids], max_new, 1.0, row_seeds=[seed]).texts[0]
 
 
 def _inspect_cli(tmp_path, *args, display="plain", timeout=240):
@@ -151,11 +150,64 @@ def test_each_request_is_seeded_by_its_prompt_and_repeat_not_by_order():
     out = _ask(m1, [b], GenerateConfig(max_tokens=8, logprobs=True))[0]
     policy = load_policy(MODEL)
     ids = policy.render([{"role": "user", "content": b[0].text}, PF.prefill_message(b[1].text)])
-    torch.manual_seed(request_seed(0, ids, 1))  # b's second request
-    want = policy.sample([ids], 8, 1.0)
+    want = policy.sample([ids], 8, 1.0, row_seeds=[request_seed(0, ids, 1)])  # b's second request
     assert out.completion == want.texts[0]
     assert [lp.logprob for lp in out.choices[0].logprobs.content] == pytest.approx(want.logprobs[0])
     assert out.choices[0].stop_reason == ("max_tokens" if want.truncated[0] else "stop")
+
+
+def test_requests_sampled_together_give_what_they_give_one_at_a_time():
+    """`-M batch_size=4`: concurrent requests are sampled in batches of up to 4 rows that agree on max_tokens,
+    temperature and top_p, and each completion is the one batch_size 1 gives (each request keeps its own seed);
+    a request that does not fit fails alone."""
+    a = [ChatMessageUser(content="Tell me a story about a cat.")]
+    b = [ChatMessageUser(content="How do I start running?"), ChatMessageAssistant(content="Sure, here is how.")]
+    c = [ChatMessageUser(content="Is the sky green?")]
+    short, long_ = GenerateConfig(max_tokens=12), GenerateConfig(max_tokens=20)
+    asks = [(a, short), (b, short), (a, long_), (c, short), (a, short), (b, short), (c, long_), (a, short)]
+    one = get_model("opct/local", model_path=MODEL, memoize=False)
+    want = [o.completion for o in asyncio.run(_each(one, asks))]
+    four = get_model("opct/local", model_path=MODEL, batch_size=4, memoize=False)
+    assert four.api.max_connections() == 4
+    sizes, sample = [], four.api.policy.sample
+
+    def spy(prompts, max_new, *args, **kw):
+        sizes.append((len(prompts), max_new))
+        return sample(prompts, max_new, *args, **kw)
+
+    four.api.policy.sample = spy
+    state = torch.get_rng_state()
+
+    async def together():
+        return await asyncio.gather(*(four.generate(m, config=cfg) for m, cfg in asks))
+    assert [o.completion for o in asyncio.run(together())] == want
+    assert torch.equal(torch.get_rng_state(), state)
+    assert sorted(sizes) == [(2, 12), (2, 20), (4, 12)]  # 6 short requests: 4 + 2; the 2 long ones apart
+    too_long = [ChatMessageUser(content="word " * 600)]
+
+    async def with_one_too_long():
+        return await asyncio.gather(*(four.generate(m, config=short) for m in (a, too_long, c)),
+                                    return_exceptions=True)
+    got = asyncio.run(with_one_too_long())
+    assert isinstance(got[1], OpctError) and "exceeds the context" in str(got[1])
+    assert not isinstance(got[0], Exception) and not isinstance(got[2], Exception)
+
+
+async def _each(model, asks):
+    return [await model.generate(m, config=cfg) for m, cfg in asks]
+
+
+def test_an_eval_with_batched_sampling_gives_the_same_completions(tmp_path):
+    """End to end under inspect's own concurrency: the sycophancy task with batch_size 8 and with 1, the same
+    completion for every sample and epoch."""
+    logs = {}
+    for bs in (1, 8):
+        model = get_model("opct/local", model_path=MODEL, batch_size=bs, memoize=False)
+        log = inspect_eval(axis_task("sycophancy", n=6), model=model, log_dir=str(tmp_path / str(bs)),
+                           display="none")[0]
+        assert log.status == "success", log.error
+        logs[bs] = {(s.id, s.epoch): s.output.completion for s in log.samples}
+    assert len(logs[1]) >= 12 and logs[8] == logs[1]
 
 
 def test_the_context_rule_with_opct_local_counts_opct_evals_tokens():
@@ -177,6 +229,7 @@ def test_the_context_rule_with_opct_local_counts_opct_evals_tokens():
     ({"model_path": MODEL, "threads": "two"}, "threads: must be an integer >= 1"),
     ({"model_path": MODEL, "threads": True}, "opct model argument threads: must be an integer >= 1"),
     ({"model_path": MODEL, "seed": 2.5}, "opct model argument seed: must be an integer >= 0"),
+    ({"model_path": MODEL, "batch_size": 0}, "opct model argument batch_size: must be an integer >= 1"),
     ({"model_path": MODEL, "device": "cuda"}, r"argument device cuda: CUDA is not available .*; use -M device=cpu"),
     ({"model_path": MODEL, "device": "gpu0"}, "opct model argument device gpu0: not a torch device"),
     ({"model_path": MODEL, "dtype": "fp8"}, "opct model argument dtype: must be one of float32, bfloat16, float16"),

@@ -13,12 +13,16 @@ Model arguments (`-M NAME=VALUE`): `model_path` (required: a `save_pretrained` d
 given, takes its place), `threads` (torch's intra-op threads; by default one for a small model on the CPU, as `opct
 eval`).
 
-Sampling is seeded per request: each generate call draws from torch's RNG seeded by (seed, the prompt's token ids,
-how many times the same prompt was asked before), so an eval gives the same completions whatever order inspect's
-concurrency asks the samples in, and the process's RNG is left as it was. Requests are sampled one at a time (opct's
-sampler draws one random number per row from one generator, so rows of a batch are not independent of their
-batch-mates). Generation options it cannot honour are refused, not ignored: tools, `top_k`, `stop_seqs`, and
-`num_choices` > 1. `max_tokens` defaults to 64 (as `opct eval`).
+`batch_size` (1): how many requests are sampled together, in one batch (inspect is told to send that many at once:
+`max_connections`). One request at a time is slow on a GPU, where a batch of 32 costs about what one does.
+
+Sampling is seeded per request: each request draws from its own generator, seeded by (seed, the prompt's token ids,
+how many times the same prompt was asked before; `HFPolicy.sample(row_seeds=...)`), so an eval gives the same
+completions whatever order inspect's concurrency asks the samples in and whichever requests share a batch (up to
+float rounding: a batch's matmuls may round differently from a single row's, which changes a token only where a
+draw falls within rounding of the boundary between two tokens), and the process's RNG is left as it was.
+Generation options it cannot honour are refused, not ignored: tools, `top_k`, `stop_seqs`, and `num_choices` > 1.
+`max_tokens` defaults to 64 (as `opct eval`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from inspect_ai.model import (
@@ -47,7 +53,8 @@ from opct.inspect._args import clear_errors, flag, integer
 from opct.pairs.schema import prefill_follows_user
 
 DEFAULT_MAX_TOKENS = Gen.max_new_tokens  # opct eval's default
-_ARGS = ("model_path", "adapter", "dtype", "device", "trust_remote_code", "seed", "threads")
+_ARGS = ("model_path", "adapter", "dtype", "device", "trust_remote_code", "seed", "threads", "batch_size")
+GATHER_S = 0.02  # how long a batch waits for batch-mates (inspect's concurrent samples) before it is sampled
 
 
 def messages_of(input: list[ChatMessage]) -> list[dict]:
@@ -72,6 +79,15 @@ def request_seed(seed: int, ids: list[int], occurrence: int) -> int:
     """The torch seed of one request: a hash of (seed, the prompt's token ids, how often this prompt came before)."""
     h = hashlib.sha256(f"{seed}|{occurrence}|{','.join(map(str, ids))}".encode())
     return int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass
+class _Request:
+    ids: list[int]
+    seed: int
+    key: tuple  # (max_new, temperature, top_p): requests sampled together must agree on these
+    logprobs: bool
+    future: asyncio.Future = field(repr=False)
 
 
 class OpctAPI(ModelAPI):
@@ -104,14 +120,17 @@ class OpctAPI(ModelAPI):
         self.policy = load_policy(path, model_args.get("adapter"), dtype, device,
                                   trust_remote_code=trust)
         set_cpu_threads(count_parameters(path), device, threads)
-        self._lock = threading.Lock()  # one request at a time on the model (the sampler's memory is shared)
+        self.batch_size = integer("model argument", "batch_size", model_args.get("batch_size", 1), 1)
+        self._lock = threading.Lock()  # one batch at a time on the model (the sampler's memory is shared)
         self._asked: dict[tuple, int] = {}  # prompt ids -> how many times they were asked
+        self._pending: list[_Request] = []
+        self._draining = False
 
     def max_tokens(self) -> int | None:
         return DEFAULT_MAX_TOKENS
 
     def max_connections(self) -> int:
-        return 1  # requests are sampled one at a time anyway
+        return self.batch_size  # as many requests at once as one batch samples
 
     def context_fits(self, messages: list[dict], max_new: int) -> bool:
         """Whether opct's rendering of `messages` plus `max_new` tokens fits the model's positions (the context rule
@@ -129,34 +148,74 @@ class OpctAPI(ModelAPI):
                                 "optionally top_p, stopping at EOS)")
         if (config.num_choices or 1) != 1:
             raise OpctError("opct model: num_choices must be 1")
-        return await asyncio.to_thread(self._generate, messages_of(input), config)
+        request = self._request(messages_of(input), config)
+        self._pending.append(request)
+        if not self._draining:
+            self._draining = True
+            self._drainer = asyncio.ensure_future(self._drain())  # kept: a task nobody holds may be collected
+        return await request.future
 
-    def _generate(self, messages: list[dict], config: GenerateConfig) -> ModelOutput:
-        import torch
-
+    def _request(self, messages: list[dict], config: GenerateConfig) -> _Request:
+        """Render and check one request, and fix its seed (here, in the order requests arrive)."""
         policy = self.policy
         max_new = config.max_tokens or DEFAULT_MAX_TOKENS
         temperature = 1.0 if config.temperature is None else float(config.temperature)
         top_p = 1.0 if config.top_p is None else float(config.top_p)
         ids = policy.render(messages)
         policy.check_fits(ids, max_new, f"opct model {self.model_name}")
+        key = tuple(ids)
+        occurrence = self._asked.get(key, 0)
+        self._asked[key] = occurrence + 1
+        return _Request(ids, request_seed(self.seed, ids, occurrence), (max_new, temperature, top_p),
+                        bool(config.logprobs), asyncio.get_running_loop().create_future())
+
+    async def _drain(self) -> None:
+        """Sample the pending requests, up to `batch_size` of one (max_new, temperature, top_p) at a time, waiting up
+        to GATHER_S for a batch to fill."""
+        batch: list[_Request] = []
+        try:
+            while self._pending:
+                deadline = time.monotonic() + GATHER_S
+                while len(self._pending) < self.batch_size and time.monotonic() < deadline:
+                    await asyncio.sleep(0.002)
+                key = self._pending[0].key
+                batch = [r for r in self._pending if r.key == key][:self.batch_size]
+                self._pending = [r for r in self._pending if r not in batch]
+                try:
+                    outputs = await asyncio.to_thread(self._sample, batch)
+                except Exception as e:  # noqa: BLE001 - the batch's requests fail with it; the others go on
+                    for r in batch:
+                        if not r.future.done():
+                            r.future.set_exception(e)
+                    continue
+                for r, out in zip(batch, outputs):
+                    if not r.future.done():
+                        r.future.set_result(out)
+        finally:  # normally nothing is left; cancelled (the eval stopped), no request may wait for ever
+            self._draining = False
+            for r in (*batch, *self._pending):
+                if not r.future.done():
+                    r.future.cancel()
+            self._pending.clear()
+
+    def _sample(self, batch: list[_Request]) -> list[ModelOutput]:
+        policy = self.policy
+        max_new, temperature, top_p = batch[0].key
         with self._lock:
-            key = tuple(ids)
-            occurrence = self._asked.get(key, 0)
-            self._asked[key] = occurrence + 1
-            devices = [policy.device] if policy.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(request_seed(self.seed, ids, occurrence))
-                out = policy.sample([ids], max_new, temperature, top_p=top_p)
-        response_ids, text, truncated = out.response_ids[0], out.texts[0], out.truncated[0]
+            out = policy.sample([r.ids for r in batch], max_new, temperature, top_p=top_p,
+                                row_seeds=[r.seed for r in batch])
+        return [self._output(r, out.response_ids[i], out.texts[i], out.truncated[i], out.logprobs[i])
+                for i, r in enumerate(batch)]
+
+    def _output(self, r: _Request, response_ids, text, truncated, token_logprobs) -> ModelOutput:
         logprobs = None
-        if config.logprobs:
-            tok = policy.tokenizer
+        if r.logprobs:
+            tok = self.policy.tokenizer
             logprobs = Logprobs(content=[Logprob(token=tok.decode([t]), logprob=lp)
-                                         for t, lp in zip(response_ids, out.logprobs[0])])
+                                         for t, lp in zip(response_ids, token_logprobs)])
         choice = ChatCompletionChoice(message=ChatMessageAssistant(content=text, model=self.model_name,
                                                                    source="generate"),
                                       stop_reason="max_tokens" if truncated else "stop", logprobs=logprobs)
         return ModelOutput(model=self.model_name, choices=[choice],
-                           usage=ModelUsage(input_tokens=len(ids), output_tokens=len(response_ids),
-                                            total_tokens=len(ids) + len(response_ids)))
+                           usage=ModelUsage(input_tokens=len(r.ids), output_tokens=len(response_ids),
+                                            total_tokens=len(r.ids) + len(response_ids)))
