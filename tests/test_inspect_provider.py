@@ -193,6 +193,46 @@ def test_requests_sampled_together_give_what_they_give_one_at_a_time():
     assert not isinstance(got[0], Exception) and not isinstance(got[2], Exception)
 
 
+def test_cancelled_requests_leave_nothing_waiting_and_the_provider_usable(monkeypatch):
+    """A caller that gives up on its request (inspect's timeouts) is skipped, not sampled; when the batching itself is
+    cancelled (the eval stopped), every waiting request is cancelled with it, and the next request is served."""
+    a = [ChatMessageUser(content="Tell me a story about a cat.")]
+    b = [ChatMessageUser(content="Is the sky green?")]
+    cfg = GenerateConfig(max_tokens=8)
+    monkeypatch.setattr("opct.inspect.provider.GATHER_S", 1.0)  # the cancellations land while a batch gathers
+    model = get_model("opct/local", model_path=MODEL, batch_size=4, memoize=False)
+    api, sample, rows = model.api, model.api.policy.sample, []
+
+    def spy(prompts, *args, **kw):
+        rows.append(len(prompts))
+        return sample(prompts, *args, **kw)
+
+    api.policy.sample = spy
+
+    async def one_gives_up():
+        tasks = [asyncio.ensure_future(model.generate(m, config=cfg)) for m in (a, b, a)]
+        await _queued(api, 3)  # the batch still gathering (it waits for a fourth)
+        tasks[1].cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+    got = asyncio.run(one_gives_up())
+    assert isinstance(got[1], asyncio.CancelledError) and rows == [2]
+    assert all(not isinstance(g, BaseException) for g in (got[0], got[2]))
+
+    async def stopped():
+        tasks = [asyncio.ensure_future(model.generate(m, config=cfg)) for m in (a, b)]
+        await _queued(api, 2)
+        api._drainer.cancel()
+        return await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(g, asyncio.CancelledError) for g in asyncio.run(stopped()))
+    assert not api._draining and not api._pending and rows == [2]
+    assert asyncio.run(_each(model, [(b, cfg)]))[0].completion and rows == [2, 1]
+
+
+async def _queued(api, n):
+    while len(api._pending) < n:
+        await asyncio.sleep(0.0005)
+
+
 async def _each(model, asks):
     return [await model.generate(m, config=cfg) for m, cfg in asks]
 

@@ -178,6 +178,9 @@ class OpctAPI(ModelAPI):
                 deadline = time.monotonic() + GATHER_S
                 while len(self._pending) < self.batch_size and time.monotonic() < deadline:
                     await asyncio.sleep(0.002)
+                self._pending = [r for r in self._pending if not r.future.done()]  # a caller cancelled its request
+                if not self._pending:
+                    break
                 key = self._pending[0].key
                 batch = [r for r in self._pending if r.key == key][:self.batch_size]
                 self._pending = [r for r in self._pending if r not in batch]
