@@ -308,6 +308,16 @@ def test_a_run_file_of_an_unknown_kind_is_named_as_such(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_an_experiments_own_pairs_file_is_checked_before_any_cell_runs(tmp_path, capsys):
+    """`opct run --pairs FILE`: a malformed file stops the experiment before the base arm is evaluated (it was read
+    only when the first trained arm started, a whole evaluation later)."""
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text('{"id": "p1", "axis": "sycophancy"\n')
+    err = cli_error(capsys, ["run", "--pairs", str(bad), "--arms", "base", "opct", "--out", str(tmp_path / "runs")])
+    assert err.startswith(f"opct: error: {bad}:1: "), err
+    assert not list((tmp_path / "runs").rglob("done.json")) and not list((tmp_path / "runs").rglob("records.jsonl"))
+
+
 def test_eval_judge_timeout_flag(test_organism, tmp_path, capsys, silent_endpoint):
     t0 = time.monotonic()
     err = cli_error(capsys, ["eval", "--model", str(test_organism), "--suite", "jailbreak", "--n", "1", "--samples",

@@ -109,6 +109,8 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
 
     check_samplers({f"arm {a}": cfg.arm_config(a) for a in cfg.arms if cfg.method(a) not in UNTRAINED})
     root = Path(cfg.out) / cfg.name
+    if cfg.pairs and any(cfg.method(a) not in UNTRAINED for a in cfg.arms):
+        _shared_pairs_file(cfg, root, cfg.seeds[0], log)  # the user's file is checked before the base arm's eval
     model = resolve_model(cfg.model)
     resolved = cfg.resolved(model)
     old = _previous_experiment(root, resolved)
