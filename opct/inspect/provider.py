@@ -114,13 +114,13 @@ class OpctAPI(ModelAPI):
         check_dtype(dtype, "opct model argument dtype")  # load_policy's own would name plain `dtype`
         trust = flag("model argument", "trust_remote_code", model_args.get("trust_remote_code", False))
         threads = integer("model argument", "threads", model_args.get("threads"), 1, allow_none=True)
+        self.batch_size = integer("model argument", "batch_size", model_args.get("batch_size", 1), 1)
         self.seed = integer("model argument", "seed", model_args.get("seed", 0), 0)
         if config.seed is not None:
             self.seed = integer("model argument", "--seed", config.seed, 0)
         self.policy = load_policy(path, model_args.get("adapter"), dtype, device,
                                   trust_remote_code=trust)
         set_cpu_threads(count_parameters(path), device, threads)
-        self.batch_size = integer("model argument", "batch_size", model_args.get("batch_size", 1), 1)
         self._lock = threading.Lock()  # one batch at a time on the model (the sampler's memory is shared)
         self._asked: dict[tuple, int] = {}  # prompt ids -> how many times they were asked
         self._pending: list[_Request] = []
