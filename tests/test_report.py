@@ -246,6 +246,25 @@ def test_incomplete_cells_are_listed_and_left_out(tmp_path):
     assert "bct seed 0: incomplete (no done.json)" in html
 
 
+def test_lm_eval_tasks_a_finished_cell_failed_are_listed(tmp_path):
+    """A cell whose evaluation finished while an lm-eval task failed (run.json's `lm_eval_errors`) lacks that task's
+    rows; the report says so, in results.md, report.html and the summary, rather than show a table without them."""
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): BASE_METRICS})
+    (run / "base" / "0" / "eval" / "run.json").write_text(json.dumps(
+        {"lm_eval_errors": {"ifeval": "ModuleNotFoundError: No module named 'langdetect' <x>"}}))
+    html_path, md_path = build_report(run)
+    line = "base seed 0: lm-eval task ifeval failed (ModuleNotFoundError: No module named 'langdetect' <x>)"
+    assert "**Failed (1, not in the numbers below):**" in md_path.read_text() and line in md_path.read_text()
+    assert "base seed 0: lm-eval task ifeval failed (ModuleNotFoundError: No module named &#x27;langdetect&#x27; " \
+           "&lt;x&gt;)" in html_path.read_text()
+    assert f"failed, not in the numbers (1): {line}" in summary_text(run)
+    (run / "base" / "0" / "eval" / "run.json").write_text(json.dumps({"lm_eval_errors": {}}))
+    assert "Failed (" not in results(run) and "failed, not in" not in summary_text(run)
+    (run / "base" / "0" / "eval" / "run.json").write_text("{torn")
+    with pytest.raises(OpctError, match=re.escape(str(run / "base" / "0" / "eval" / "run.json"))):
+        build_report(run)
+
+
 # ------------------------------------------------------------------------------------------------ errors
 
 def test_missing_run_or_experiment_is_a_clear_error(tmp_path):

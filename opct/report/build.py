@@ -48,6 +48,10 @@ def _missing(run: Run) -> list[str]:
     return [f"{arm} seed {seed}: {why}" for arm, seed, why in run.missing]
 
 
+def _failed(run: Run) -> list[str]:
+    return [f"{arm} seed {seed}: {why}" for arm, seed, why in run.failed]
+
+
 def _cells_table(run: Run) -> tuple[list[str], list[list[str]]]:
     header = ["arm", "seed", "pairs s", "train s", "eval s", "finished"]
     body = []
@@ -66,6 +70,8 @@ def summary_text(run) -> str:
     out = [tables.plain(header, body)]
     if run.missing:
         out.append(f"missing ({len(run.missing)}): " + "; ".join(_missing(run)))
+    if run.failed:
+        out.append(f"failed, not in the numbers ({len(run.failed)}): " + "; ".join(_failed(run)))
     return "\n".join(out)
 
 
@@ -78,6 +84,9 @@ def results_markdown(run: Run) -> str:
     if run.missing:
         lines += ["", f"**Missing ({_cells(len(run.missing))}, not in the numbers below):**", ""]
         lines += [f"- {m}" for m in _missing(run)]
+    if run.failed:
+        lines += ["", f"**Failed ({len(run.failed)}, not in the numbers below):**", ""]
+        lines += [f"- {m}" for m in _failed(run)]
     lines += ["", tables.interval_note(run), ""]
     for i, t in enumerate(tables.paper_tables(run), 1):
         lines += [f"## {i}. {t.title}", "", tables.markdown(*tables.rows(run, t)), ""]
@@ -111,6 +120,9 @@ def report_html(run: Run) -> str:
     if run.missing:
         top.append(f'<div class="missing"><b>Missing ({_cells(len(run.missing))}, not in the numbers below):</b>'
                    + page.bullet_list(_missing(run)) + "</div>")
+    if run.failed:
+        top.append(f'<div class="missing"><b>Failed ({len(run.failed)}, not in the numbers below):</b>'
+                   + page.bullet_list(_failed(run)) + "</div>")
     top.append(page.para(tables.interval_note(run), "small"))
     sections = [("", top), ("Summary", [page.table_html(*tables.transposed(run, tables.summary_table()))])]
 

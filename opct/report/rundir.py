@@ -4,9 +4,11 @@
     runs/<name>/<arm>/<seed>/done.json            present only when the cell (pairs, train, eval) is complete
     runs/<name>/<arm>/<seed>/train/metrics.jsonl  one JSON object per optimizer step (not for `base`)
     runs/<name>/<arm>/<seed>/eval/metrics.json    {metric: {"value", "ci_low", "ci_high", "n", "higher_is_better", ...}}
+    runs/<name>/<arm>/<seed>/eval/run.json        the eval's settings; `lm_eval_errors`: lm-eval tasks that failed
 
 A cell counts only when done.json is there; every other (arm, seed) of the experiment is listed as missing with the
-reason, so a report of a half-finished experiment still builds and says what it lacks. Files that are present but
+reason, so a report of a half-finished experiment still builds and says what it lacks; so is what a complete cell's
+evaluation failed to measure (`failed`). Files that are present but
 malformed are errors naming the file: a report must not silently drop a result.
 """
 
@@ -39,6 +41,7 @@ class Run:
     seeds: list[int]
     cells: dict  # (arm, seed) -> SeedRun, complete cells only
     missing: list[tuple[str, int, str]]  # (arm, seed, reason)
+    failed: list[tuple[str, int, str]] = field(default_factory=list)  # (arm, seed, what of a complete cell failed)
 
     def seed_runs(self, arm: str) -> list[SeedRun]:
         return [self.cells[(arm, s)] for s in self.seeds if (arm, s) in self.cells]
@@ -112,7 +115,7 @@ def load_run(run_dir) -> Run:
     if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise OpctError(f"{exp_path}: seeds: expected a list of integers, got {seeds!r}")
 
-    cells, missing = {}, []
+    cells, missing, failed = {}, [], []
     for arm in arms:
         for seed in seeds:
             d = run_dir / arm / str(seed)
@@ -129,4 +132,17 @@ def load_run(run_dir) -> Run:
                 continue
             cells[(arm, seed)] = SeedRun(arm, seed, d, done if isinstance(done, dict) else {},
                                          read_metrics(mpath), read_curve(d / "train" / "metrics.jsonl"))
-    return Run(run_dir, exp, list(arms), list(seeds), cells, missing)
+            failed += [(arm, seed, why) for why in eval_failures(d / "eval" / "run.json")]
+    return Run(run_dir, exp, list(arms), list(seeds), cells, missing, failed)
+
+
+def eval_failures(path: Path) -> list[str]:
+    """What an evaluation that finished did not measure, from its run.json: the lm-eval tasks that failed (their
+    metrics are absent, and an absent row reads like a task never asked for)."""
+    if not path.exists():
+        return []
+    info = _read_json(path, "eval run")
+    errors = info.get("lm_eval_errors") if isinstance(info, dict) else None
+    if not isinstance(errors, dict):
+        return []
+    return [f"lm-eval task {task} failed ({msg})" for task, msg in errors.items()]
