@@ -226,3 +226,22 @@ def test_run_eval_writes_records_metrics_and_budget(tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["attack"]["queries_per_target"] == 8 and run["judge"] == "world"
     assert "jailbreak_attack" in run["seconds"]
+
+
+def test_lm_eval_asked_for_without_the_package_is_reported_as_not_run(tmp_path, monkeypatch, capsys):
+    """`--lm-eval` where lm_eval is not installed: the capability axis still runs, every task asked for is listed as
+    not run (run.json's lm_eval_errors, the last line) and `opct eval` exits 1 — an absent row is not a pass."""
+    from opct.cli import main
+    from opct.evals import lm_eval_bridge
+    from opct.organism.build import SHIPPED_DIR
+
+    monkeypatch.setattr(lm_eval_bridge, "available", lambda: False)
+    out = tmp_path / "ev"
+    assert main(["eval", "--model", str(SHIPPED_DIR / "default"), "--suite", "capability", "--n", "2", "--lm-eval",
+                 "--lm-eval-tasks", "t1", "t2", "--no-progress", "--out", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "capability.accuracy" in captured.out
+    assert captured.err.strip().splitlines()[-1].startswith(
+        "opct eval: 2 of 2 lm-eval tasks failed and have no metrics (t1: not run: the lm_eval package is not "
+        "installed (pip install 'opct[lmeval]'); t2: ")
+    assert set(json.loads((out / "run.json").read_text())["lm_eval_errors"]) == {"t1", "t2"}

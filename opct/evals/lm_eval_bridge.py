@@ -18,7 +18,8 @@ the harness's normal approximation (value ± 1.96 stderr), clipped to [0, 1] for
 documents evaluated. A task that fails is logged and listed in `errors` (run.json's `lm_eval_errors`), and the
 others still run; a task the harness cannot find is reported with the include folder's YAML files that do not parse
 (the harness skips those without a word, so a typo in one reads as "not a registered task"). When `lm_eval` is not
-installed the bridge is skipped with a message saying so — it never fails the run.
+installed the bridge is skipped with a message saying so, and every task asked for is listed in `errors` as not run
+(so `opct eval` exits 1 and an experiment's report lists them); it never stops the run.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
     missing). A task that raises is logged and recorded in `errors` (task -> message); the others still run."""
     if not available():
         log(SKIP_MESSAGE)
+        if errors is not None:  # asked for and not run: said like a failure, so no report reads the absence as a pass
+            errors.update(dict.fromkeys(tasks, "not run: the lm_eval package is not installed (pip install "
+                                               "'opct[lmeval]')"))
         return {}
     from lm_eval import evaluator
     from lm_eval.models.huggingface import HFLM
