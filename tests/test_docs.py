@@ -93,3 +93,35 @@ def test_every_shipped_config_loads(path):
         from opct.experiment import load_experiment
 
         load_experiment(path)
+
+
+def readme_inspect_commands() -> list[list[str]]:
+    """The `inspect eval opct/...` lines of the README's code blocks, split as a shell would."""
+    out = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", CURRENT, re.DOTALL):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            if line.strip().startswith("inspect eval opct/"):
+                out.append(shlex.split(line.split("#")[0]))
+    return out
+
+
+def test_the_readmes_inspect_commands_name_real_tasks_and_arguments():
+    """Every `inspect eval opct/TASK` line: TASK has an inspect task, each `-T NAME=` is an argument of the tasks,
+    and each `-M NAME=` given to `--model opct/local` is one of the provider's model arguments."""
+    pytest.importorskip("inspect_ai", reason="inspect_ai is not installed (pip install 'opct[inspect]')")
+    import inspect as pyinspect
+
+    from opct.inspect import ADAPTERS, axis_task
+    from opct.inspect.provider import _ARGS
+
+    commands = readme_inspect_commands()
+    assert len(commands) >= 5
+    task_args = set(pyinspect.signature(axis_task).parameters) - {"axis"}
+    for argv in commands:
+        assert argv[2].removeprefix("opct/") in ADAPTERS, argv
+        pairs = [(argv[i], argv[i + 1].split("=", 1)[0]) for i in range(len(argv) - 1) if argv[i] in ("-T", "-M")]
+        for opt, name in pairs:
+            if opt == "-T":
+                assert name in task_args, f"{' '.join(argv)}: -T {name} is no task argument"
+            elif argv[argv.index("--model") + 1] == "opct/local":
+                assert name in _ARGS, f"{' '.join(argv)}: -M {name} is no opct/local model argument"
