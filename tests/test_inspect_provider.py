@@ -224,7 +224,7 @@ def test_cancelled_requests_leave_nothing_waiting_and_the_provider_usable(monkey
         api._drainer.cancel()
         return await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(g, asyncio.CancelledError) for g in asyncio.run(stopped()))
-    assert not api._draining and not api._pending and rows == [2]
+    assert api._drainer.done() and not api._pending and rows == [2]
     assert asyncio.run(_each(model, [(b, cfg)]))[0].completion and rows == [2, 1]
 
 

@@ -10,7 +10,6 @@ a --config file (JSON or YAML) holds the same fields, and flags given on the com
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 
 def register(subparsers) -> None:
@@ -70,17 +69,12 @@ def run(args) -> int:
     print(format_table(metrics, headline(metrics)))
     print(f"opct eval: {len(metrics)} metrics (per family / wrapper / category / domain in {cfg.out}/metrics.txt); "
           f"records in {cfg.out}/records.jsonl")
-    failed = _lm_eval_errors(cfg.out)
+    from opct.evals.lm_eval_bridge import recorded_errors
+
+    failed = recorded_errors(cfg.out)
     if failed:  # said again at the end: a task that failed has no metric, and a missing line is easy to miss
         print(f"opct eval: {len(failed)} of {len(cfg.lm_eval_tasks)} lm-eval tasks failed and have no metrics ("
               + "; ".join(f"{t}: {m}" for t, m in failed.items()) + f"; {cfg.out}/run.json: lm_eval_errors)",
               file=sys.stderr)
         return 1  # what was asked for is not all there: a script running the eval must be able to tell
     return 0
-
-
-def _lm_eval_errors(out) -> dict:
-    from opct.files import read_json
-
-    path = Path(out) / "run.json"
-    return (read_json(path, "eval run").get("lm_eval_errors") or {}) if path.exists() else {}

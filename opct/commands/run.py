@@ -42,33 +42,25 @@ ROBUSTNESS_FLAGS = ("name", "model", "out", "seeds", "threads", "note", "report"
 def run(args) -> int:
     from opct.experiment import load_experiment
 
-    if args.experiment and _is_robustness(args.experiment):
-        return run_robustness_file(args)
-    if args.experiment and _is_threats(args.experiment):
-        return run_threats_file(args)
     if args.experiment:
         from opct.config import load_config_file
 
         kind = load_config_file(args.experiment).get("kind")
-        if kind is not None:  # an experiment file has no kind; a misspelt one is not an unknown field
+        if kind is not None:
+            from opct.robustness.runner import KIND as ROBUSTNESS
+            from opct.threats.config import KIND as THREATS
+
+            if kind == ROBUSTNESS:
+                return run_robustness_file(args)
+            if kind == THREATS:
+                return run_threats_file(args)
+            # an experiment file has no kind; a misspelt one is not an unknown field
             raise OpctError(f"{args.experiment}: kind: must be robustness or threats (got {kind!r}); an experiment "
                             "file has no kind")
     if "quick" in vars(args):
         raise OpctError("--quick is for robustness and threats files (kind: robustness / threats); an experiment has "
                         "no quick sizes")
     return run_and_report(load_experiment(args.experiment, args))
-
-
-def _is_robustness(path) -> bool:
-    from opct.robustness.runner import is_robustness_file
-
-    return is_robustness_file(path)
-
-
-def _is_threats(path) -> bool:
-    from opct.threats.config import is_threats_file
-
-    return is_threats_file(path)
 
 
 def run_threats_file(args) -> int:

@@ -77,6 +77,17 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
     return out
 
 
+def recorded_errors(eval_dir) -> dict:
+    """The lm-eval tasks an evaluation recorded as failed (task -> message: its run.json's `lm_eval_errors`); {} when
+    there is no run.json or none failed. A run.json that is not JSON is an OpctError naming it."""
+    from opct.files import read_json
+
+    path = Path(eval_dir) / "run.json"
+    info = read_json(path, "eval run") if path.exists() else None
+    errors = info.get("lm_eval_errors") if isinstance(info, dict) else None
+    return errors if isinstance(errors, dict) else {}
+
+
 def unparseable_yamls(folder) -> list[str]:
     """`FILE:LINE: problem` for each task YAML under `folder` that is not valid YAML (lm-eval's own tags, such as
     `!function`, are accepted). At most 5."""

@@ -110,7 +110,7 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     check_samplers({f"arm {a}": cfg.arm_config(a) for a in cfg.arms if cfg.method(a) not in UNTRAINED})
     root = Path(cfg.out) / cfg.name
     if cfg.pairs and any(cfg.method(a) not in UNTRAINED for a in cfg.arms):
-        _shared_pairs_file(cfg, root, cfg.seeds[0], log)  # the user's file is checked before the base arm's eval
+        _user_pairs(Path(cfg.pairs))  # checked before the base arm's eval, not when the first trained arm starts
     model = resolve_model(cfg.model)
     resolved = cfg.resolved(model)
     old = _previous_experiment(root, resolved)
@@ -173,14 +173,20 @@ def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log, arm: str) -> 
     return path
 
 
+def _user_pairs(path: Path) -> Path:
+    """The user's own pairs file (`--pairs`), read and checked: it must have pairs to train on."""
+    from opct.pairs.schema import load_pairs
+
+    if not any(p.split == "train" for p in load_pairs(path)):
+        raise OpctError(f"{path}: no pair has meta.split == 'train'")
+    return path
+
+
 def _shared_pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log) -> Path:
-    from opct.pairs.schema import load_pairs, save_pairs
+    from opct.pairs.schema import save_pairs
 
     if cfg.pairs:
-        path = Path(cfg.pairs)
-        if not any(p.split == "train" for p in load_pairs(path)):
-            raise OpctError(f"{path}: no pair has meta.split == 'train'")
-        return path
+        return _user_pairs(Path(cfg.pairs))
     path = root / "pairs" / f"seed{seed}.jsonl"
     if not path.exists():
         pairs = make_training_pairs(cfg, seed)

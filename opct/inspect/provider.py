@@ -124,7 +124,7 @@ class OpctAPI(ModelAPI):
         self._lock = threading.Lock()  # one batch at a time on the model (the sampler's memory is shared)
         self._asked: dict[tuple, int] = {}  # prompt ids -> how many times they were asked
         self._pending: list[_Request] = []
-        self._draining = False
+        self._drainer: asyncio.Task | None = None  # samples what is pending, while there is any
 
     def max_tokens(self) -> int | None:
         return DEFAULT_MAX_TOKENS
@@ -150,8 +150,7 @@ class OpctAPI(ModelAPI):
             raise OpctError("opct model: num_choices must be 1")
         request = self._request(messages_of(input), config)
         self._pending.append(request)
-        if not self._draining:
-            self._draining = True
+        if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.ensure_future(self._drain())  # kept: a task nobody holds may be collected
         return await request.future
 
@@ -195,7 +194,6 @@ class OpctAPI(ModelAPI):
                     if not r.future.done():
                         r.future.set_result(out)
         finally:  # normally nothing is left; cancelled (the eval stopped), no request may wait for ever
-            self._draining = False
             for r in (*batch, *self._pending):
                 if not r.future.done():
                     r.future.cancel()

@@ -132,17 +132,13 @@ def load_run(run_dir) -> Run:
                 continue
             cells[(arm, seed)] = SeedRun(arm, seed, d, done if isinstance(done, dict) else {},
                                          read_metrics(mpath), read_curve(d / "train" / "metrics.jsonl"))
-            failed += [(arm, seed, why) for why in eval_failures(d / "eval" / "run.json")]
+            failed += [(arm, seed, why) for why in eval_failures(d / "eval")]
     return Run(run_dir, exp, list(arms), list(seeds), cells, missing, failed)
 
 
-def eval_failures(path: Path) -> list[str]:
+def eval_failures(eval_dir: Path) -> list[str]:
     """What an evaluation that finished did not measure, from its run.json: the lm-eval tasks that failed (their
     metrics are absent, and an absent row reads like a task never asked for)."""
-    if not path.exists():
-        return []
-    info = _read_json(path, "eval run")
-    errors = info.get("lm_eval_errors") if isinstance(info, dict) else None
-    if not isinstance(errors, dict):
-        return []
-    return [f"lm-eval task {task} failed ({msg})" for task, msg in errors.items()]
+    from opct.evals.lm_eval_bridge import recorded_errors
+
+    return [f"lm-eval task {task} failed ({msg})" for task, msg in recorded_errors(eval_dir).items()]

@@ -86,13 +86,6 @@ def load_robustness(path, args=None, **overrides) -> RobustnessConfig:
     return build_config(RobustnessConfig, args, path, None, **overrides)
 
 
-def is_robustness_file(path) -> bool:
-    """Whether a config file says `kind: robustness` (read without validating anything else)."""
-    from opct.config import load_config_file
-
-    return load_config_file(path).get("kind") == KIND
-
-
 def check_rows(rows, where: str) -> list[dict]:
     """A study's rows, checked against the contract (a study bug is reported naming the study)."""
     if not isinstance(rows, list):

@@ -35,4 +35,4 @@ Layout (every piece resumable; `done.json` written last marks a finished cell):
     OUT/NAME/results.md, report.html               the table and the heatmap (opct.threats.report)
 """
 
-from opct.threats.config import ThreatsConfig, is_threats_file, load_threats  # noqa: F401
+from opct.threats.config import ThreatsConfig, load_threats  # noqa: F401

@@ -196,10 +196,3 @@ def load_threats(path, args=None, **overrides) -> ThreatsConfig:
     from opct.config import build_config
 
     return build_config(ThreatsConfig, args, path, None, **overrides)
-
-
-def is_threats_file(path) -> bool:
-    """Whether a config file says `kind: threats` (read without validating anything else)."""
-    from opct.config import load_config_file
-
-    return load_config_file(path).get("kind") == KIND

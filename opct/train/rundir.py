@@ -72,7 +72,7 @@ def truncate_metrics(path: Path, step: int) -> None:
                 kept.append(line)
         except (json.JSONDecodeError, KeyError, TypeError):  # a line torn by the kill
             unreadable.append(i)
-    if [n for n in unreadable if n != len(lines)]:  # only the last line can be torn by a kill: say what was lost
+    if any(n != len(lines) for n in unreadable):  # only the last line can be torn by a kill: say what was lost
         print(f"opct train: {path}: dropped {len(unreadable)} unreadable line(s) (line "
               + ", ".join(map(str, unreadable[:10])) + (", ..." if len(unreadable) > 10 else "")
               + "); the file was damaged or edited, so those steps have no metrics", file=sys.stderr)
