@@ -70,14 +70,8 @@ def generate(model, prompts_ids: Sequence[list[int]], pad_id: int, eos_ids: list
     # the nucleus is applied here, before the recorder (transformers' own top-p warper would run after it, so the
     # recorded log-probs would not be those of the distribution the tokens are drawn from)
     processors = [Nucleus(temperature, top_p)] if sampled and top_p < 1 else []
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
-        out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen,
-                             logits_processor=LogitsProcessorList([*processors, recorder]))
-    finally:
-        model.train(was_training)
+    out = _generate_in_eval_mode(model, ids, attn, generation_config=gen,
+                                 logits_processor=LogitsProcessorList([*processors, recorder]))
     return out[:, P:].cpu(), recorder.finish(out[:, -1]).cpu()
 
 
@@ -90,11 +84,15 @@ def beam_search(model, prompts_ids: Sequence[list[int]], pad_id: int, eos_ids: l
     P = ids.shape[1]
     gen = GenerationConfig(do_sample=False, num_beams=num_beams, num_return_sequences=1, early_stopping=True,
                            max_new_tokens=max_new_tokens, eos_token_id=eos_ids, pad_token_id=pad_id, use_cache=True)
+    return _generate_in_eval_mode(model, ids, attn, generation_config=gen)[:, P:].cpu()
+
+
+def _generate_in_eval_mode(model, ids_B_P: torch.Tensor, attn_B_P: torch.Tensor, **kw) -> torch.Tensor:
+    """`model.generate` on the model's device, in eval mode (no dropout), the model's mode restored after."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
-        out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device), generation_config=gen)
+        return model.generate(input_ids=ids_B_P.to(device), attention_mask=attn_B_P.to(device), **kw)
     finally:
         model.train(was_training)
-    return out[:, P:].cpu()
