@@ -65,6 +65,17 @@ def seed_arg(text: str) -> int:
     return value
 
 
+def positive_arg(text: str) -> int:
+    """argparse `type=` for a count (--n, --batch-size, --per-family): an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer (got {text!r})") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
 def option(default=dataclasses.MISSING, help: str = "", factory=None, **rules):
     """A config field: `default` (or `factory` for a mutable default), its help text and its rules."""
     meta = {"help": help, **rules}

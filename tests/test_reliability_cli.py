@@ -254,3 +254,20 @@ def test_commands_in_process_restore_threads_and_rngs(test_organism, tmp_path, c
     assert str(bad_items) in err
     assert torch.get_num_threads() == before
     torch.set_num_threads(1)  # this module's setting (tiny_lm.one_thread)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["organism", "profile", "MODEL", "--n", "0"], "--n"),
+    (["demo", "--profile", "--remeasure", "--n", "-2"], "--n"),
+    (["mechanism", "RUN", "--n", "0"], "--n"),
+    (["mechanism", "RUN", "--batch-size", "0"], "--batch-size"),
+    (["pairs", "make", "--axis", "sycophancy", "--per-family", "x", "--out", "OUT"], "--per-family"),
+])
+def test_a_count_flag_below_one_is_a_usage_error(argv, flag, capsys):
+    """A count of responses, prompts or items below 1 is refused before anything runs (`organism profile --n 0` used
+    to sample nothing and print every rate as 0.000 with a target MISS)."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be " in err and "Traceback" not in err, err

@@ -16,7 +16,7 @@ import json
 
 
 def register(sub) -> None:
-    from opct.config import seed_arg
+    from opct.config import positive_arg, seed_arg
 
     p = sub.add_parser("demo", help="the main job on the embedded default organism (what `make demo` runs)",
                        description=__doc__.split("\n\n")[0] + " " + __doc__.split("\n\n")[1])
@@ -28,7 +28,7 @@ def register(sub) -> None:
                    help="print the default organism's behaviour profile against its targets, and stop")
     p.add_argument("--remeasure", action="store_true",
                    help="with --profile: sample the profile again from the saved model instead of reading it")
-    p.add_argument("--n", type=int, default=200, help="with --profile --remeasure: responses per behaviour")
+    p.add_argument("--n", type=positive_arg, default=200, help="with --profile --remeasure: responses per behaviour")
     p.add_argument("--seed", type=seed_arg, default=0, help="with --profile --remeasure: sampling seed")
     p.set_defaults(func=_demo)
 

@@ -6,22 +6,21 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
+    from opct.config import positive_arg
+
     p = sub.add_parser("mechanism", help="residual-stream change per layer and the similarity between methods",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("run", metavar="RUN", help="run directory (runs/<name>, holding experiment.json)")
     p.add_argument("--arms", nargs="+", default=None, help="trained arms to probe (default: every trained arm)")
-    p.add_argument("--n", type=int, default=64, help="perturbed prompts per axis and seed (default 64)")
-    p.add_argument("--batch-size", type=int, default=32, help="prompts per forward pass (default 32)")
+    p.add_argument("--n", type=positive_arg, default=64, help="perturbed prompts per axis and seed (default 64)")
+    p.add_argument("--batch-size", type=positive_arg, default=32, help="prompts per forward pass (default 32)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_mechanism)
 
 
 def _mechanism(args) -> int:
-    from opct.errors import OpctError
     from opct.report import mechanism as M
 
-    if args.batch_size < 1:
-        raise OpctError(f"--batch-size: must be >= 1 (got {args.batch_size})")
     result = M.compute(args.run, arms=args.arms, n=args.n, batch_size=args.batch_size,
                        progress=not args.no_progress)
     print(M.markdown(result))

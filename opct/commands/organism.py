@@ -9,7 +9,7 @@ from opct.errors import OpctError
 
 
 def register(sub) -> None:
-    from opct.config import seed_arg
+    from opct.config import positive_arg, seed_arg
 
     p = sub.add_parser("organism", help="build the embedded model organism or measure a profile")
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
@@ -28,7 +28,7 @@ def register(sub) -> None:
     pr = verbs.add_parser("profile", help="measure the behaviour profile of a model directory by sampling",
                           description="Sample at temperature 1 from a saved model and print its profile.")
     pr.add_argument("model", help="model directory (save_pretrained format, safetensors)")
-    pr.add_argument("--n", type=int, default=200, help="sampled responses per behaviour (default 200)")
+    pr.add_argument("--n", type=positive_arg, default=200, help="sampled responses per behaviour (default 200)")
     pr.add_argument("--seed", type=seed_arg, default=0)
     pr.add_argument("--out", default=None, help="write the profile JSON here")
     pr.set_defaults(func=_profile)

@@ -12,18 +12,6 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _positive(text: str) -> int:
-    import argparse
-
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer (got {text!r})") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 (got {n})")
-    return n
-
-
 def _option(text: str) -> tuple[str, str]:
     import argparse
 
@@ -35,7 +23,7 @@ def _option(text: str) -> tuple[str, str]:
 
 def register(sub) -> None:
     from opct.axes import AXES, pair_axes
-    from opct.config import seed_arg
+    from opct.config import positive_arg, seed_arg
 
     axes = pair_axes()
     p = sub.add_parser("pairs", help="make or check contrastive-pair files (JSONL)")
@@ -51,7 +39,7 @@ def register(sub) -> None:
     m.add_argument("--families", type=_csv, default=None, help="comma-separated families (default: all)")
     m.add_argument("--heldout", type=_csv, default=None,
                    help="comma-separated held-out families (awareness: domains); default: the world's split")
-    m.add_argument("--per-family", type=_positive, default=None, help="items drawn per family (default: all)")
+    m.add_argument("--per-family", type=positive_arg, default=None, help="items drawn per family (default: all)")
     m.add_argument("--split", choices=["train", "heldout", "all"], default="all", help="which pairs to keep")
     m.add_argument("--no-benign", dest="include_benign", action="store_false", default=None,
                    help="jailbreak: drop benign requests")
@@ -96,7 +84,7 @@ def register(sub) -> None:
     ad.add_argument("file")
     ad.add_argument("--model", required=True, help="the student (starting) model")
     ad.add_argument("--teacher-model", default="", help="the teacher (default: --model)")
-    ad.add_argument("--max-new-tokens", type=_positive, default=48)
+    ad.add_argument("--max-new-tokens", type=positive_arg, default=48)
     ad.add_argument("--out", required=True)
     ad.add_argument("--decisions", default=None)
     ad.set_defaults(func=_admit)
