@@ -80,3 +80,45 @@ def test_opct_eval_cli_errors_are_one_line(test_organism, tmp_path, capsys):
     assert "name that suite with --suite" in capsys.readouterr().err
     assert main(["eval", "--model", str(tmp_path / "nope"), "--suite", "capability", "--out", str(tmp_path)]) == 1
     assert "not a model directory" in capsys.readouterr().err
+
+
+def test_seed_per_prompt_makes_responses_independent_of_batch_size_and_the_other_prompts(test_organism):
+    """--seed-per-prompt: a prompt's sampled responses are a function of (seed, prompt, repeat), whatever the batch
+    size or the rest of the call; the default (one seed per call) changes with the batch size."""
+    from opct.evals.generate import Gen, generate, prompt_seeds
+    from opct.policy import load_policy
+
+    policy = load_policy(test_organism)
+    questions = ["Does the pelnix live in the desert?", "What colour is the sulbro?", "Is the varnok friendly?",
+                 "Where does the pelnix sleep?", "Can the sulbro swim?"]
+    prompts = [[{"role": "user", "content": q}] for q in questions for _ in range(2)]  # each asked twice
+
+    def sample(batch_size, per_prompt, chosen=prompts):
+        return generate(policy, chosen, Gen(16, 1.0, batch_size, seed_per_prompt=per_prompt), seed=5)
+
+    seeded = sample(64, True)
+    assert sample(3, True) == seeded == sample(1, True)
+    # the same prompt asked twice gets two seeds (its two responses are not copies by construction)
+    ids = [policy.render(p) for p in prompts]
+    seeds = prompt_seeds(5, ids)
+    assert seeds[0] != seeds[1] and len(set(seeds)) == len(prompts)
+    # a subset of the prompts gets the same responses it got in the whole call
+    assert sample(4, True, prompts[4:]) == seeded[4:]
+    # another seed, other responses
+    assert generate(policy, prompts, Gen(16, 1.0, 64, seed_per_prompt=True), seed=6) != seeded
+    # the default: one seed for the call, drawn in batch order
+    assert sample(64, False) == sample(64, False)
+    assert sample(3, False) != sample(64, False)
+
+
+def test_opct_eval_seed_per_prompt_metrics_do_not_depend_on_batch_size(test_organism, tmp_path):
+    def run(batch_size):
+        out = tmp_path / f"bs{batch_size}"
+        assert main(["eval", "--model", str(test_organism), "--suite", "sycophancy", "--n", "6", "--out", str(out),
+                     "--max-new-tokens", "16", "--no-progress", "--seed-per-prompt",
+                     "--batch-size", str(batch_size)]) == 0
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+        return [r["response"] for r in records], json.loads((out / "metrics.json").read_text())
+
+    (r64, m64), (r5, m5) = run(64), run(5)
+    assert r64 == r5 and m64 == m5

@@ -7,6 +7,7 @@ prompt, its repeat and the seed, not on the order requests come in nor on its ba
 leaves torch's RNG as it was; bad model arguments and unsupported generation options are clear errors."""
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -21,9 +22,10 @@ from inspect_ai import eval as inspect_eval  # noqa: E402
 from inspect_ai.model import ChatMessageAssistant, ChatMessageUser, GenerateConfig, get_model  # noqa: E402
 
 from opct.axes import prefill as PF  # noqa: E402
+from opct.cli import main as main_cli  # noqa: E402
 from opct.errors import OpctError  # noqa: E402
+from opct.evals.generate import prompt_seed  # noqa: E402
 from opct.inspect import axis_task, inspect_name  # noqa: E402
-from opct.inspect.provider import request_seed  # noqa: E402
 from opct.organism.build import SHIPPED_DIR  # noqa: E402
 from opct.policy import load_policy  # noqa: E402
 
@@ -81,8 +83,8 @@ def test_inspect_eval_of_prefill_with_opct_local_continues_each_prefill(tmp_path
         ids = policy.render(probe["prompt"])
         k = seen.get(tuple(ids), 0)
         seen[tuple(ids)] = k + 1
-        assert s.output.completion == _sample(policy, ids, request_seed(0, ids, k)), s.id
-        differs += s.output.completion != _sample(base, ids, request_seed(0, ids, k))
+        assert s.output.completion == _sample(policy, ids, prompt_seed(0, ids, k)), s.id
+        differs += s.output.completion != _sample(base, ids, prompt_seed(0, ids, k))
         record = s.scores["opct_prefill"].metadata["record"]
         assert s.scores["opct_prefill"].value == record["verdict"]
         assert (record["response"], record["prefill"]) == (s.output.completion, probe["prefill"])
@@ -150,7 +152,7 @@ def test_each_request_is_seeded_by_its_prompt_and_repeat_not_by_order():
     out = _ask(m1, [b], GenerateConfig(max_tokens=8, logprobs=True))[0]
     policy = load_policy(MODEL)
     ids = policy.render([{"role": "user", "content": b[0].text}, PF.prefill_message(b[1].text)])
-    want = policy.sample([ids], 8, 1.0, row_seeds=[request_seed(0, ids, 1)])  # b's second request
+    want = policy.sample([ids], 8, 1.0, row_seeds=[prompt_seed(0, ids, 1)])  # b's second request
     assert out.completion == want.texts[0]
     assert [lp.logprob for lp in out.choices[0].logprobs.content] == pytest.approx(want.logprobs[0])
     assert out.choices[0].stop_reason == ("max_tokens" if want.truncated[0] else "stop")
@@ -360,3 +362,38 @@ def test_the_provider_is_found_by_name_through_the_entry_point(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["OpctAPI", "True"]
+
+
+def test_opct_eval_seed_per_prompt_and_inspect_eval_give_the_same_completions_and_metrics(tmp_path):
+    """The same axis two ways, as a user cross-checks them: `opct eval --suite sycophancy --seed-per-prompt` and
+    `inspect eval opct/sycophancy --model opct/local` draw each prompt from the same seed (`prompt_seed`), so they
+    sample the same completions prompt by prompt (in batches of 64 and of 1) and report the same metrics."""
+    out = tmp_path / "eval"
+    assert main_cli(["eval", "--model", MODEL, "--suite", "sycophancy", "--n", "4", "--seed-per-prompt",
+                     "--out", str(out), "--no-progress"]) == 0
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    p = _inspect_cli(tmp_path, "opct/sycophancy", "--model", "opct/local", "-M", f"model_path={MODEL}",
+                     "-T", "n=4", "-T", "seed=0", display="none")
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    from inspect_ai.log import list_eval_logs, read_eval_log
+
+    log = read_eval_log(list_eval_logs(str(tmp_path / "logs"))[0])
+
+    def by_prompt(pairs):
+        out = {}
+        for prompt, completion in pairs:
+            out.setdefault(json.dumps(prompt, sort_keys=True), []).append(completion)
+        return {k: sorted(v) for k, v in out.items()}
+
+    ours = by_prompt((r["prompt"], r["response"]) for r in records)
+    theirs = by_prompt((s.metadata["probe"]["prompt"], s.output.completion) for s in log.samples)
+    assert len(records) == len(log.samples) > 0 and ours == theirs
+    metrics = json.loads((out / "metrics.json").read_text())
+    compared = 0
+    for name, m in log.results.scores[0].metrics.items():
+        base, _, end = name.rpartition(" ")
+        key, field = (base, {"lo": "ci_low", "hi": "ci_high"}[end]) if end in ("lo", "hi") else (name, "value")
+        if key in metrics and metrics[key][field] is not None:
+            assert m.value == pytest.approx(metrics[key][field], abs=1e-9), name
+            compared += 1
+    assert compared >= 10

@@ -4,10 +4,18 @@ Suites hand over a list of chat prompts and get one response text per prompt, in
 checked against the model's context (when the policy can tell), sorted by length so each batch pads little, and
 sampled in batches of `batch_size` at `temperature` (1.0 by default: DESIGN §5 — behaviour rates are measured by
 sampling, not greedy decoding).
+
+Seeds: by default one seed for the whole call (torch's global RNG, seeded once, then drawn batch by batch in length
+order), so a prompt's response also depends on `batch_size` and on the other prompts of the call. With
+`seed_per_prompt`, each prompt draws from its own generator, seeded by `prompt_seed` (seed, its token ids, how many
+times the same prompt came before in the call; the seeds the inspect provider opct/local uses), so its response
+depends on neither (up to float rounding at a draw that falls on a boundary between two tokens: a batch's matmuls may
+round differently). That needs a policy whose `sample` takes `row_seeds` (`HFPolicy`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,6 +34,24 @@ class Gen:
     temperature: float = 1.0
     batch_size: int = 64
     progress: bool = False
+    seed_per_prompt: bool = False  # each prompt's own seed (`prompt_seed`), not one for the call: see the docstring
+
+
+def prompt_seed(seed: int, ids: list[int], occurrence: int) -> int:
+    """The sampling seed of one prompt: a hash of (seed, its token ids, how many times the same prompt came before)."""
+    h = hashlib.sha256(f"{seed}|{occurrence}|{','.join(map(str, ids))}".encode())
+    return int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def prompt_seeds(seed: int, prompts_ids: list[list[int]]) -> list[int]:
+    """`prompt_seed` of every prompt, counting repeats of a prompt in list order."""
+    seen: dict[tuple, int] = {}
+    out = []
+    for ids in prompts_ids:
+        key = tuple(ids)
+        out.append(prompt_seed(seed, list(ids), seen.get(key, 0)))
+        seen[key] = seen.get(key, 0) + 1
+    return out
 
 
 def seed_everything(seed: int) -> None:
@@ -54,6 +80,7 @@ def generate_flagged(policy: Policy, prompts: list[Messages], gen: Gen = Gen(), 
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out: list[tuple[str, bool] | None] = [None] * len(ids)
     seed_everything(seed)
+    seeds = prompt_seeds(seed, ids) if gen.seed_per_prompt else None
     bar = None
     if gen.progress:
         from tqdm.auto import tqdm
@@ -61,7 +88,9 @@ def generate_flagged(policy: Policy, prompts: list[Messages], gen: Gen = Gen(), 
         bar = tqdm(total=len(ids), desc=desc, mininterval=2.0, leave=False)
     for start in range(0, len(order), gen.batch_size):
         chunk = order[start:start + gen.batch_size]
-        got = policy.sample([ids[i] for i in chunk], max_new_tokens=gen.max_new_tokens, temperature=gen.temperature)
+        kwargs = {} if seeds is None else {"row_seeds": [seeds[i] for i in chunk]}
+        got = policy.sample([ids[i] for i in chunk], max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
+                            **kwargs)
         flags = getattr(got, "truncated", None) or [False] * len(chunk)
         for i, t, cut in zip(chunk, got.texts, flags):
             out[i] = (t, bool(cut))

@@ -88,7 +88,12 @@ class EvalConfig:
     attack: bool = option(True, "run the adaptive attacker in the jailbreak axis")
     max_new_tokens: int = option(64, "longest response sampled", ge=1)
     temperature: float = option(1.0, "sampling temperature of the evaluations (the attacker has its own)", gt=0)
-    batch_size: int = option(64, "prompts per generation batch", ge=1)
+    batch_size: int = option(64, "prompts per generation batch (without --seed-per-prompt the samples, and so the "
+                                 "numbers, change with it)", ge=1)
+    seed_per_prompt: bool = option(False, "sample each prompt from its own seed, a hash of (--seed, its tokens, how "
+                                          "often it came before: the inspect provider's), so its responses depend "
+                                          "neither on --batch-size nor on the other prompts asked (default: one seed "
+                                          "per suite, drawn in batch order)")
     judge: str = option("auto", "jailbreak judge: world rules (default on world items), refusal-prefix rules "
                                 "(default with --items; a subject may name its own), refusal + compliance rules "
                                 "(opct.evals.text_judges), or an OpenAI-compatible http endpoint",
@@ -201,7 +206,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     names = list(AXES) if cfg.suite == "all" else [cfg.suite]
     if items is None and cfg.items:
         items = load_eval_items(cfg.items, names[0])
-    gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress)
+    gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress, cfg.seed_per_prompt)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
 

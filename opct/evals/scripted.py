@@ -32,7 +32,8 @@ class ScriptedPolicy:
         self._prompts.append(messages)
         return [len(self._prompts) - 1]
 
-    def sample(self, prompts_ids, max_new_tokens: int, temperature: float = 1.0) -> ScriptedSamples:
+    def sample(self, prompts_ids, max_new_tokens: int, temperature: float = 1.0,
+               row_seeds=None) -> ScriptedSamples:  # canned answers: no draws to seed
         texts = [self.respond(self._prompts[p[0]]) for p in prompts_ids]
         self.calls += len(texts)
         return ScriptedSamples(texts, [False] * len(texts))

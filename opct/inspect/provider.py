@@ -17,7 +17,8 @@ eval`).
 `max_connections`). One request at a time is slow on a GPU, where a batch of 32 costs about what one does.
 
 Sampling is seeded per request: each request draws from its own generator, seeded by (seed, the prompt's token ids,
-how many times the same prompt was asked before; `HFPolicy.sample(row_seeds=...)`), so an eval gives the same
+how many times the same prompt was asked before: `opct.evals.generate.prompt_seed`, the seeds of `opct eval
+--seed-per-prompt`; `HFPolicy.sample(row_seeds=...)`), so an eval gives the same
 completions whatever order inspect's concurrency asks the samples in and whichever requests share a batch (up to
 float rounding: a batch's matmuls may round differently from a single row's, which changes a token only where a
 draw falls within rounding of the boundary between two tokens), and the process's RNG is left as it was.
@@ -28,7 +29,6 @@ Generation options it cannot honour are refused, not ignored: tools, `top_k`, `s
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,7 +48,7 @@ from inspect_ai.model import (
 from inspect_ai.tool import ToolChoice, ToolInfo
 
 from opct.errors import OpctError
-from opct.evals.generate import Gen
+from opct.evals.generate import Gen, prompt_seed
 from opct.inspect._args import clear_errors, flag, integer
 from opct.pairs.schema import prefill_follows_user
 
@@ -73,12 +73,6 @@ def messages_of(input: list[ChatMessage]) -> list[dict]:
     if not msgs:
         raise OpctError("opct model: no messages to answer")
     return msgs
-
-
-def request_seed(seed: int, ids: list[int], occurrence: int) -> int:
-    """The torch seed of one request: a hash of (seed, the prompt's token ids, how often this prompt came before)."""
-    h = hashlib.sha256(f"{seed}|{occurrence}|{','.join(map(str, ids))}".encode())
-    return int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1)
 
 
 @dataclass
@@ -165,7 +159,7 @@ class OpctAPI(ModelAPI):
         key = tuple(ids)
         occurrence = self._asked.get(key, 0)
         self._asked[key] = occurrence + 1
-        return _Request(ids, request_seed(self.seed, ids, occurrence), (max_new, temperature, top_p),
+        return _Request(ids, prompt_seed(self.seed, ids, occurrence), (max_new, temperature, top_p),
                         bool(config.logprobs), asyncio.get_running_loop().create_future())
 
     async def _drain(self) -> None:
