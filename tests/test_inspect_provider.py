@@ -318,12 +318,19 @@ def test_from_the_shell_a_prefill_task_on_a_closing_provider_is_refused_before_i
     assert not list((tmp_path / "logs").glob("*.eval"))  # nothing ran
 
 
-def test_under_display_none_the_error_is_still_printed(tmp_path):
-    """`--display none` silences inspect's one-line printing; the error then comes with its traceback, but it comes."""
-    p = _inspect_cli(tmp_path, "opct/sycophancy", "-T", "n=0", "--model", "opct/local", "-M", f"model_path={MODEL}",
-                     display="none")
-    assert p.returncode == 1
-    assert "opct task argument n: must be an integer >= 1 (got 0)" in p.stderr, p.stderr[-2000:]
+@pytest.mark.parametrize("args,needle", [
+    (["-T", "n=0", "-M", f"model_path={MODEL}"], "opct task argument n: must be an integer >= 1 (got 0)"),
+    (["-M", f"model_path={MODEL}", "-M", "batch_size=0"], "opct model argument batch_size: must be an integer >= 1"),
+    (["-M", "model_path=/nonexistent/model"], "/nonexistent/model: not a model directory"),
+])
+def test_under_display_none_the_error_is_still_one_line(tmp_path, args, needle):
+    """`--display none` quiets inspect's own printing of an error; opct's is then written to stderr by opct itself:
+    still one line, exit status 1, no traceback."""
+    p = _inspect_cli(tmp_path, "opct/sycophancy", "--model", "opct/local", *args, display="none")
+    assert p.returncode == 1, p.stderr[-2000:]
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert any(line.startswith(f"opct: error: {needle}") for line in lines), p.stderr[-2000:]
+    assert "Traceback" not in p.stdout + p.stderr, p.stderr[-2000:]
 
 
 def test_clear_errors_turns_what_the_user_can_fix_into_one_error_and_leaves_bugs_alone(tmp_path):

@@ -9,10 +9,10 @@ from contextlib import contextmanager
 
 from opct.errors import OpctError, user_message
 
-try:  # inspect prints a PrerequisiteError as its message alone; anything else with a traceback
-    from inspect_ai._util.error import PrerequisiteError
-except ImportError:  # a later inspect_ai without it: the error still says what is wrong, after inspect's traceback
-    PrerequisiteError = Exception
+try:  # inspect prints a PrerequisiteError as its message alone, exits 1 on a SilentException, anything else with a
+    from inspect_ai._util.error import PrerequisiteError, SilentException  # traceback
+except ImportError:  # a later inspect_ai without them: the error still says what is wrong, after inspect's traceback
+    PrerequisiteError = SilentException = Exception
 
 
 class InspectInputError(OpctError):
@@ -31,7 +31,14 @@ class _OneLine(InspectInputError, PrerequisiteError):
         self.message = Text(f"opct: error: {message}")
 
 
-_OneLine.__name__ = _OneLine.__qualname__ = "InspectInputError"  # in a traceback (a script's), the class it is
+class _Printed(InspectInputError, SilentException):
+    """An InspectInputError already printed as `opct: error: ...` on stderr (under `--display none`, where rich's
+    console, and so inspect's own printing of a PrerequisiteError, is quiet): inspect's exception hook exits with
+    status 1 and prints nothing more."""
+
+
+for _cls in (_OneLine, _Printed):  # in a traceback (a script's), the class it is
+    _cls.__name__ = _cls.__qualname__ = "InspectInputError"
 
 
 def _rich_is_quiet() -> bool:
@@ -44,8 +51,9 @@ def _rich_is_quiet() -> bool:
 @contextmanager
 def clear_errors():
     """Inside: what the user can fix (an OpctError, an unreadable or malformed file: `opct.errors.user_message`)
-    leaves as an `InspectInputError` (which inspect prints as one line, unless its display is `none`: then with the
-    traceback); a bug keeps its traceback."""
+    leaves as an `InspectInputError`, which the user sees as one line, `opct: error: ...`, and no traceback (inspect
+    prints it; under `--display none`, which quiets inspect's printing, it is written to stderr here); a bug keeps
+    its traceback."""
     try:
         yield
     except InspectInputError:
@@ -54,8 +62,12 @@ def clear_errors():
         message = user_message(e)
         if message is None:
             raise
-        # one line where inspect will show it; under --display none the traceback, which Python prints anyway
-        raise (InspectInputError if _rich_is_quiet() else _OneLine)(message) from None
+        if _rich_is_quiet():
+            import sys
+
+            print(f"opct: error: {message}", file=sys.stderr)
+            raise _Printed(message) from None
+        raise _OneLine(message) from None
 
 
 TRUE, FALSE = ("true", "yes", "1"), ("false", "no", "0")
