@@ -262,7 +262,7 @@ PYEOF
   T6=$(( T - ($(date +%s) - S0) )); (( T6 < 5 )) && T6=5  # what is left of the section (timeout 0 would mean none)
   PYTHONPATH=$BENCH_PATH timeout $T6 $PY bench/opct_step.py --device cuda --dtype bfloat16 \
     --shape qwen2.5-0.5b --pairs 32 --samples 4 --response-len 256 --rounds 1 --steps 2 --warmup 1 --kl-chunk 256 \
-    --trl-grad-accum 4 2>&1 | grep -av -e 'Writing model shards' -e 'real_accelerator'
+    --trl-grad-accum 4 --interleave rounds 2>&1 | grep -av -e 'Writing model shards' -e 'real_accelerator'
   end "${PIPESTATUS[0]}"
 fi
 

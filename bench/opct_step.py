@@ -6,11 +6,17 @@ samples), the same response length (EOS is forbidden until the last token, so ev
 starting model as teacher (opct: estimator `full`, LoRA teacher = adapters disabled; TRL: distillation_mode
 `full_logits`, distillation_alpha 1.0, teacher_model_kind `base`; TRL's gradient checkpointing, on by default in
 TRL, is turned off: opct does not checkpoint either, and at this size it only costs TRL time). Each trainer runs in
-its own subprocess so peak RSS is measured fairly; the two alternate for --rounds rounds (opct, TRL, opct, TRL, ...)
-so that load from other processes on a shared machine falls on both alike. In every subprocess the first --warmup
-steps are not timed. A step is timed from the start of one optimizer step to the start of the next (everything the
-trainer does per step), in wall-clock seconds and in CPU seconds of the process (`time.process_time`, which other
-processes' load inflates far less); medians over all timed steps of all rounds are reported.
+its own subprocess so peak RSS is measured fairly. --interleave steps (the default): in each of --rounds rounds both
+subprocesses start together and take turns step by step (opct's step, then TRL's, then opct's, ...; the one whose
+turn it is not waits, blocked on a pipe, at the start of its next step), so that load from other processes on a
+shared machine falls on both alike, within seconds; --interleave rounds: one subprocess after the other, opct then
+TRL, in each round (load that changes from one minute to the next then falls on one more than the other). In every
+subprocess the first --warmup steps are not timed. A step is timed from the start of one optimizer step to the
+start of the next (everything the trainer does per step; with --interleave steps, less the wait for the turn), in
+wall-clock seconds and in CPU seconds of the process (`time.process_time`, which other processes' load inflates far
+less); medians over all timed steps of all rounds are reported, and each round's own ratio. On a GPU both workers
+of a step-interleaved round hold their memory at once, and a round prints nothing until both have finished:
+bench/gpu_check.sh, which has a time limit and one GPU, runs --interleave rounds.
 
 Reported: response tokens trained per second for both and their ratio, peak RSS for both (and RSS after imports,
 before the model is loaded), where opct's step goes (sampling, student forward, teacher forward, backward: medians
@@ -21,6 +27,7 @@ model FLOPs, 2 x (linear-layer parameters) per token per forward pass, backward 
     python bench/opct_step.py [--threads N] [--model DIR | --shape qwen2.5-0.5b] [--rounds 3] [--steps 4] [--pairs 4]
                               [--samples 2] [--response-len 32] [--cpu-matmul onednn|blas] [--device cpu|cuda]
                               [--dtype float32|bfloat16] [--kl-chunk N] [--trl-grad-accum N] [--sampler hf|vllm]
+                              [--interleave steps|rounds]
 
 --threads: intra-op threads for both trainers (torch.set_num_threads in each worker); by default torch's own choice
 (one per core), which is how either trainer runs when a user starts it. Both trainers always get the same number.
@@ -240,19 +247,40 @@ def matmul_peak(n: int = 1024, seconds: float = 1.0, backend: str = "blas", devi
 
 class StepClock:
     """Wall and CPU time at the start of every step; step i lasts from start i to start i + 1. `sync` runs first (on
-    CUDA `torch.cuda.synchronize`: the kernels a step queued belong to that step)."""
+    CUDA `torch.cuda.synchronize`: the kernels a step queued belong to that step). With a `baton` (--interleave
+    steps: the ends of two pipes, see `lockstep`), each start first hands the turn back (a byte on `baton[1]`) and
+    waits for the next one (a byte on `baton[0]`); the wait is not part of either step."""
 
-    def __init__(self, sync=lambda: None):
+    def __init__(self, sync=lambda: None, baton: tuple[int, int] | None = None):
+        self.ends: list[tuple[float, float]] = []  # when the step before each start ended (before the wait)
         self.starts: list[tuple[float, float]] = []
-        self.sync = sync
+        self.sync, self.baton = sync, baton
 
     def tick(self):
         self.sync()
+        self.ends.append((time.perf_counter(), time.process_time()))
+        if self.baton is not None:
+            os.write(self.baton[1], b".")
+            if not os.read(self.baton[0], 1):
+                raise SystemExit("opct_step worker: the bench stopped handing out turns")
         self.starts.append((time.perf_counter(), time.process_time()))
 
     def steps(self, first: int) -> tuple[list[float], list[float]]:
-        spans = list(zip(self.starts[first:], self.starts[first + 1:]))
+        spans = list(zip(self.starts[first:], self.ends[first + 1:]))
         return [b[0] - a[0] for a, b in spans], [b[1] - a[1] for a, b in spans]
+
+    def spans(self) -> list[tuple[float, float]]:
+        """Every step's (start, end) on the wall clock, warm-up included (perf_counter: CLOCK_MONOTONIC on Linux, one
+        clock for all processes), for the check that interleaved steps never overlap."""
+        return [(a[0], b[0]) for a, b in zip(self.starts, self.ends[1:])]
+
+
+def baton_of(a) -> tuple[int, int] | None:
+    """The worker's ends of its turn pipes (--baton R,W), or None (--interleave rounds)."""
+    if not a.baton:
+        return None
+    r, w = (int(x) for x in a.baton.split(","))
+    return r, w
 
 
 def set_threads(a) -> None:
@@ -294,7 +322,7 @@ def worker_opct(a) -> dict:
 
     base_rss = rss_mb()
     sync = device_sync(a)
-    clock, step_fn = StepClock(sync), METHODS["opct"]
+    clock, step_fn = StepClock(sync, baton_of(a)), METHODS["opct"]
     parts: dict[str, list[float]] = {"sampling": [], "student forward": [], "teacher forward": [], "fused KL": [],
                                      "backward": []}
 
@@ -334,7 +362,7 @@ def worker_opct(a) -> dict:
     # one micro-batch per step: entry i of each part belongs to step i
     parts = {k: v[a.warmup:a.warmup + a.steps] for k, v in parts.items()}
     return {"step_s": wall, "step_cpu_s": cpu, "tokens": [r["tokens"] for r in rows], **memory(a, base_rss),
-            "parts": parts}
+            "parts": parts, "spans": clock.spans()}
 
 
 def worker_trl(a) -> dict:
@@ -352,7 +380,7 @@ def worker_trl(a) -> dict:
                              "privileged_context": r["meta"]["fact"]} for r in rows])
     tok = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)  # bf16: autocast, as opct's
-    clock = StepClock(sync)
+    clock = StepClock(sync, baton_of(a))
 
     class Timer(TrainerCallback):
         def on_step_begin(self, *args, **kwargs):
@@ -380,23 +408,71 @@ def worker_trl(a) -> dict:
     rows = a.pairs * a.samples
     wall, cpu = clock.steps(a.warmup)
     return {"step_s": wall, "step_cpu_s": cpu, "tokens": [rows * n for n in lengths[a.warmup:-1]],
-            **memory(a, base_rss)}
+            **memory(a, base_rss), "spans": clock.spans()}
 
 
-def run_worker(name: str, a) -> tuple[dict | None, str]:
+def _worker_cmd(name: str, a) -> tuple[list[str], dict, Path]:
     cmd = [sys.executable, __file__, "--worker", name, "--model", str(a.model), "--pairs-file", str(a.pairs_file),
            "--tmp", str(a.tmp), "--steps", str(a.steps), "--warmup", str(a.warmup), "--pairs", str(a.pairs),
            "--samples", str(a.samples), "--response-len", str(a.response_len), "--lora-r", str(a.lora_r),
            "--round", str(a.round), "--threads", str(a.threads or 0), "--cpu-matmul", a.cpu_matmul,
            "--device", a.device, "--dtype", a.dtype, "--kl-chunk", str(a.kl_chunk),
-           "--trl-grad-accum", str(a.trl_grad_accum)]
+           "--trl-grad-accum", str(a.trl_grad_accum), "--sampler", a.sampler]
     out = Path(a.tmp) / f"{name}-{a.round}.json"
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if a.device == "cpu" else {}))  # cpu: no GPU to pick
-    done = subprocess.run(cmd + ["--result", str(out)], capture_output=True, text=True, env=env)
-    if done.returncode != 0 or not out.exists():
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        return None, " | ".join(tail)
+    return cmd + ["--result", str(out)], env, out
+
+
+def _result(returncode: int, out: Path, log: str) -> tuple[dict | None, str]:
+    if returncode != 0 or not out.exists():
+        return None, " | ".join(log.strip().splitlines()[-3:])
     return json.loads(out.read_text()), ""
+
+
+def run_worker(name: str, a) -> tuple[dict | None, str]:
+    """One worker on its own (--interleave rounds)."""
+    cmd, env, out = _worker_cmd(name, a)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    return _result(done.returncode, out, done.stderr or done.stdout)
+
+
+def lockstep(names: list[str], a) -> dict[str, tuple[dict | None, str]]:
+    """The workers `names` at once, taking turns step by step (--interleave steps): each worker stops at the start of
+    every step (`StepClock.tick`), says so with a byte on its pipe to the bench, and goes on when the bench sends
+    it a byte; the bench lets one worker run one step at a time, in turn, once every worker has reached its first
+    step (the model loads overlap; steps never do). A worker that exits (done or failed) drops out of the turns."""
+    procs, go, at_tick, logs = {}, {}, {}, {}
+    for name in names:
+        to_worker, from_worker = os.pipe(), os.pipe()
+        cmd, env, out = _worker_cmd(name, a)
+        logs[name] = open(Path(a.tmp) / f"{name}-{a.round}.log", "w+")
+        procs[name] = (subprocess.Popen(cmd + ["--baton", f"{to_worker[0]},{from_worker[1]}"], env=env,
+                                        pass_fds=(to_worker[0], from_worker[1]), stdout=logs[name],
+                                        stderr=subprocess.STDOUT), out)
+        os.close(to_worker[0])
+        os.close(from_worker[1])
+        go[name], at_tick[name] = to_worker[1], from_worker[0]
+    alive = [n for n in names if os.read(at_tick[n], 1)]  # every worker at its first step (or gone)
+    while alive:
+        for name in list(alive):
+            os.write(go[name], b".")
+            if not os.read(at_tick[name], 1):  # it exited during that step (its last, or a failure)
+                alive.remove(name)
+    results = {}
+    for name in names:
+        proc, out = procs[name]
+        proc.wait()
+        os.close(go[name])
+        os.close(at_tick[name])
+        logs[name].seek(0)
+        results[name] = _result(proc.returncode, out, logs[name].read())
+        logs[name].close()
+    spans = sorted((t0, t1, name) for name, (r, _) in results.items() if r for t0, t1 in r["spans"])
+    overlaps = [(x, y) for x, y in zip(spans, spans[1:]) if y[0] < x[1]]
+    if overlaps:  # the turns failed: the two trainers' steps ran at the same time, and their times mean nothing
+        raise SystemExit(f"opct_step: round {a.round + 1}: {len(overlaps)} steps of the two trainers overlapped "
+                         f"(first: {overlaps[0][0][2]} and {overlaps[0][1][2]})")
+    return results
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -437,7 +513,11 @@ def main(argv=None):
                    help="opct's TrainConfig.sampler (vllm: a vLLM engine in opct's worker; TRL uses generate)")
     p.add_argument("--trl-grad-accum", type=int, default=1,
                    help="TRL: micro-batches per step (gradient accumulation; generation stays one batch)")
+    p.add_argument("--interleave", default="steps", choices=["steps", "rounds"],
+                   help="steps: both trainers at once, taking turns step by step (default); rounds: one after the "
+                        "other in each round")
     p.add_argument("--worker", choices=["opct", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--baton", default=None, help=argparse.SUPPRESS)
     p.add_argument("--pairs-file", help=argparse.SUPPRESS)
     p.add_argument("--tmp", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
@@ -499,10 +579,10 @@ def main(argv=None):
         round_ratios: list[float] = []
         for a.round in range(a.rounds):
             this_round: dict[str, dict] = {}
-            for name in ("opct", "trl"):
-                if name in results and results[name] is None:
-                    continue
-                r, why = run_worker(name, a)
+            names = [n for n in ("opct", "trl") if not (n in results and results[n] is None)]
+            together = lockstep(names, a) if a.interleave == "steps" else {}
+            for name in names:
+                r, why = together[name] if together else run_worker(name, a)
                 if r is None:
                     hint = ""
                     if name == "trl" and "No module named" in why:
