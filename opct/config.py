@@ -12,7 +12,8 @@ loader reads every config file (train, eval, attack, experiment, audit).
                                     `--flag: problem`, before any work starts
   add_dataclass_args(parser, cls)   one --flag per field
   changes(saved, now, may_change)   the "did the settings change on resume" check (train, run and audit), with
-                                    EQUIVALENT, block_defaults and defaults_of: opct/resume_check.py, re-exported
+                                    EQUIVALENT, block_defaults, defaults_of, restart_allowed (opct/resume_check.py,
+                                    re-exported)
 
 Coercion is strict where a wrong guess would run something else than the user meant, and lenient where YAML reads a
 value differently from how users write it:
@@ -36,7 +37,7 @@ import typing
 from pathlib import Path
 
 from opct.errors import OpctError, first_line
-from opct.resume_check import EQUIVALENT, block_defaults, changes, defaults_of  # noqa: F401  (re-exported)
+from opct.resume_check import EQUIVALENT, block_defaults, changes, defaults_of, restart_allowed  # noqa: F401
 
 
 class ConfigError(OpctError, ValueError):

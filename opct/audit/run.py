@@ -33,7 +33,7 @@ from opct.audit.organisms import ORGANISMS, capability_probes
 from opct.audit.organisms import sycophantic as SYC
 from opct.audit.splits import build_splits, make_pairs, overlaps, record, rng
 from opct.axes.capability import NAME as CAPABILITY  # the capability rate's key in results.jsonl
-from opct.config import SEED, ConfigError, changes, option, require, validate
+from opct.config import SEED, ConfigError, changes, option, require, restart_allowed, validate
 from opct.errors import OpctError
 from opct.files import append_jsonl, read_json, read_text, write_json_atomic
 
@@ -121,7 +121,7 @@ def _check_config(out: Path, cfg: AuditConfig) -> None:
         if not isinstance(saved, dict):
             raise OpctError(f"{path}: not an audit configuration (expected a JSON object)")
         diff = changes(saved, now, GRID_FIELDS)
-        if diff:
+        if diff and not restart_allowed(out, path.name, diff):
             raise OpctError(f"{out}: holds an audit with other settings ({', '.join(diff)}); results would mix. "
                             f"Use another --out, or the same settings to continue it")
     write_json_atomic(path, now)

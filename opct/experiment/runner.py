@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from opct.config import changes
+from opct.config import changes, restart_allowed
 from opct.errors import OpctError
 from opct.experiment.config import TEACHER, UNTRAINED, ExperimentConfig
 from opct.files import read_json, write_json_atomic
@@ -89,10 +89,13 @@ def _previous_experiment(root: Path, resolved: dict) -> dict:
     specs = old.get("arm_specs") or {}
     changed += [f"arm {a} ({specs[a]!r} -> {s!r})" for a, s in resolved["arm_specs"].items()
                 if a in specs and specs[a] != s]
+    if restart_allowed(root, path.name, changed):
+        return {}
     if changed:
         raise OpctError(f"{path}: the experiment in {root} was started with other settings ({', '.join(changed)}); "
                         f"use another --name, or delete {root} to start again")
     return old
+
 
 
 def cell_dir(root: Path, arm: str, seed: int) -> Path:
@@ -112,6 +115,9 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     if cfg.pairs and any(cfg.method(a) not in UNTRAINED for a in cfg.arms):
         _user_pairs(Path(cfg.pairs))  # checked before the base arm's eval, not when the first trained arm starts
     model = resolve_model(cfg.model)
+    from opct.modeldir import check_model_dir
+
+    check_model_dir(model)  # before experiment.json is written: a mistyped path is one line, and nothing is kept
     resolved = cfg.resolved(model)
     old = _previous_experiment(root, resolved)
     # arms and seeds accumulate: adding an arm later keeps the cells already run in the report

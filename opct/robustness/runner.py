@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from opct.config import SEED, ConfigError, changes, construct, option, validate
+from opct.config import SEED, ConfigError, changes, construct, option, restart_allowed, validate
 from opct.errors import OpctError
 from opct.files import read_json, write_json_atomic
 
@@ -163,6 +163,8 @@ def _previous(root: Path, resolved: dict) -> dict:
     for s, c in resolved["studies"].items():
         if s in old.get("studies", {}):
             changed += _study_changes(s, old["studies"][s], c)
+    if restart_allowed(root, path.name, changed):
+        return {}
     if changed:
         raise OpctError(f"{path}: the study in {root} was started with other settings ({', '.join(changed)}); use "
                         f"another --name, or delete {root} to start again")

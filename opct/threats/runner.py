@@ -12,7 +12,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from opct.config import block_defaults, changes
+from opct.config import block_defaults, changes, restart_allowed
 from opct.errors import OpctError
 from opct.files import read_json, write_json_atomic
 from opct.threats.config import KIND, ThreatsConfig, no_signal_methods
@@ -57,6 +57,8 @@ def _previous(root: Path, now: dict) -> dict:
             changed.append(f"method_train.{m} ({old['method_train'][m]!r} -> {over!r})")
     if old.get("eval_trained") not in (None, now["eval_trained"]):
         changed.append("eval_trained (the evaluated split: the families of some axis changed)")
+    if restart_allowed(root, path.name, changed):
+        return {}
     if changed:
         raise OpctError(f"{path}: the threats run in {root} was started with other settings ({', '.join(changed)}); "
                         f"use another --name, or delete {root} to start again")
