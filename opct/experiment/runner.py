@@ -97,7 +97,6 @@ def _previous_experiment(root: Path, resolved: dict) -> dict:
     return old
 
 
-
 def cell_dir(root: Path, arm: str, seed: int) -> Path:
     return root / arm / str(seed)
 

@@ -9,8 +9,10 @@ from contextlib import contextmanager
 
 from opct.errors import OpctError, user_message
 
-try:  # inspect prints a PrerequisiteError as its message alone, exits 1 on a SilentException, anything else with a
-    from inspect_ai._util.error import PrerequisiteError, SilentException  # traceback
+# inspect's exception hook prints a PrerequisiteError as its message alone, exits with status 1 on a SilentException
+# and prints anything else with a traceback
+try:
+    from inspect_ai._util.error import PrerequisiteError, SilentException
 except ImportError:  # a later inspect_ai without them: the error still says what is wrong, after inspect's traceback
     PrerequisiteError = SilentException = Exception
 
