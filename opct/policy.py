@@ -57,7 +57,8 @@ class Policy(Protocol):
     def check_fits(self, ids: Sequence[int], max_new_tokens: int, where: str) -> None: ...
 
     def sample(self, prompts_ids: Sequence[list[int]], max_new_tokens: int, temperature: float = 1.0,
-               min_new_tokens: int = 0, top_p: float = 1.0) -> Samples: ...
+               min_new_tokens: int = 0, top_p: float = 1.0,
+               row_seeds: Sequence[int] | None = None) -> Samples: ...  # row_seeds: see HFPolicy.sample
 
     def score(self, prompts_ids: Sequence[list[int]],
               responses_ids: Sequence[list[int]]) -> tuple[torch.Tensor, torch.Tensor]: ...
