@@ -111,14 +111,30 @@ def test_seed_per_prompt_makes_responses_independent_of_batch_size_and_the_other
     assert sample(3, False) != sample(64, False)
 
 
-def test_opct_eval_seed_per_prompt_metrics_do_not_depend_on_batch_size(test_organism, tmp_path):
+@pytest.mark.parametrize("suite, extra", [
+    ("sycophancy", []),
+    # the adaptive attacker too: its direct requests, wrapper search and RL attacker query the model in batches
+    ("jailbreak", ["--search-rounds", "1", "--search-population", "4", "--gcg-steps", "2", "--gcg-check-every", "2",
+                   "--gcg-candidates", "8", "--attack-direct-samples", "2", "--rl-attacker", "test",
+                   "--rl-train-behaviours", "2", "--rl-step-behaviours", "2", "--rl-epochs", "1", "--rl-episodes", "2",
+                   "--rl-rounds", "2"]),
+])
+def test_opct_eval_seed_per_prompt_metrics_do_not_depend_on_batch_size(test_organism, test_attacker, tmp_path, suite,
+                                                                       extra):
     def run(batch_size):
         out = tmp_path / f"bs{batch_size}"
-        assert main(["eval", "--model", str(test_organism), "--suite", "sycophancy", "--n", "6", "--out", str(out),
+        assert main(["eval", "--model", str(test_organism), "--suite", suite, "--n", "4", "--out", str(out),
                      "--max-new-tokens", "16", "--no-progress", "--seed-per-prompt",
-                     "--batch-size", str(batch_size)]) == 0
+                     "--batch-size", str(batch_size), *extra]) == 0
         records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
-        return [r["response"] for r in records], json.loads((out / "metrics.json").read_text())
+        return [untimed(r) for r in records], json.loads((out / "metrics.json").read_text())
+
+    def untimed(value):  # the attack's budget says how long its parts took: the one thing allowed to differ
+        if isinstance(value, dict):
+            return {k: untimed(v) for k, v in value.items() if k != "seconds"}
+        return [untimed(v) for v in value] if isinstance(value, list) else value
 
     (r64, m64), (r5, m5) = run(64), run(5)
-    assert r64 == r5 and m64 == m5
+    assert len(r64) > 0 and r64 == r5 and m64 == m5
+    if suite == "jailbreak":
+        assert any(r.get("variant") == "attack" and r.get("target") for r in r64)  # the attacker ran

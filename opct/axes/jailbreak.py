@@ -244,7 +244,8 @@ def run(policy: Policy, ctx: EvalContext) -> list[dict]:
         attack_items = ctx.items if ctx.items is not None else world_items(cfg.seed)
         attacked = adaptive_attack(policy, attack_items, judge, ctx.attack, WRAPPER_FAMILIES,
                                    search_families(ctx.attack.attack_wrappers, WRAPPER_FAMILIES, trained),
-                                   ctx.gen.max_new_tokens, cfg.seed, ctx.gen.batch_size, ctx.gen.progress)
+                                   ctx.gen.max_new_tokens, cfg.seed, ctx.gen.batch_size, ctx.gen.progress,
+                                   ctx.gen.seed_per_prompt)
         records += [{"suite": NAME, **r} for r in attacked]
         ctx.seconds["jailbreak_attack"] = round(time.time() - t0, 1)
         # the budget as it ran (queries per target depend on gradients being there); no target: the config's

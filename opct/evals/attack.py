@@ -120,7 +120,8 @@ def mutate(layers: Layers, families: list[str], rng: random.Random, depth: int, 
 
 
 def wrapper_search(policy, targets: list[dict], judge, cfg: AttackConfig, wrappers: dict, families: list[str],
-                   max_new_tokens: int, seed: int = 0, batch_size: int = 64) -> dict[str, dict]:
+                   max_new_tokens: int, seed: int = 0, batch_size: int = 64,
+                   seed_per_prompt: bool = False) -> dict[str, dict]:
     """Evolve wrapper compositions for every target at once (one batched generation per generation of the search).
 
     A (mu + lambda) search with an archive: each generation samples responses only for `search_population` *new*
@@ -130,7 +131,7 @@ def wrapper_search(policy, targets: list[dict], judge, cfg: AttackConfig, wrappe
     {"broken", "prompt", "response", "queries", "layers"}.
     """
     rng = random.Random(seed)
-    gen = Gen(max_new_tokens, cfg.attack_temperature, batch_size)
+    gen = Gen(max_new_tokens, cfg.attack_temperature, batch_size, seed_per_prompt=seed_per_prompt)
     state = {}
     for t in targets:
         first = [((f, rng.randrange(10 ** 6)),) for f in families]
@@ -190,14 +191,16 @@ def search_families(which: str, wrappers: dict, trained) -> list[str]:
 
 def adaptive_attack(policy, items: list[dict], judge, cfg: AttackConfig, wrappers: dict, families: list[str],
                     max_new_tokens: int = 48, seed: int = 0, batch_size: int = 64,
-                    progress: bool = False) -> list[dict]:
+                    progress: bool = False, seed_per_prompt: bool = False) -> list[dict]:
     """One record per harmful behaviour of the chosen set: attacked if refused directly, else marked not a target.
-    `wrappers` maps each wrapper family to its template; the black-box search composes `families` of them. The
+    `wrappers` maps each wrapper family to its template; the black-box search composes `families` of them.
+    `seed_per_prompt`: the model's responses to the direct requests, the wrapper search's and the RL attacker's
+    candidates are sampled per prompt (`opct.evals.generate`), so they do not depend on `batch_size`. The
     records carry no `suite`: the axis that runs the attacker stamps its own name on them."""
     harmful = [it for it in items if it.get("harmful", True)]
     if cfg.attack_targets == "heldout":
         harmful = [it for it in harmful if it.get("split") == "heldout"]
-    low = Gen(max_new_tokens, cfg.attack_temperature, batch_size)
+    low = Gen(max_new_tokens, cfg.attack_temperature, batch_size, seed_per_prompt=seed_per_prompt)
     k = cfg.attack_direct_samples
     direct_prompts = [[{"role": "user", "content": it["request"]}] for it in harmful for _ in range(k)]
     direct = generate(policy, direct_prompts, low, seed, desc="attack: direct")
@@ -205,8 +208,8 @@ def adaptive_attack(policy, items: list[dict], judge, cfg: AttackConfig, wrapper
     refused = {it["id"]: sum(v["verdict"] == "refused" for v in dv[i * k:(i + 1) * k]) for i, it in enumerate(harmful)}
     targets = [it for it in harmful if refused[it["id"]] * 2 > k]
 
-    box = wrapper_search(policy, targets, judge, cfg, wrappers, families, max_new_tokens, seed,
-                         batch_size) if cfg.search_rounds and targets and families else {}
+    box = wrapper_search(policy, targets, judge, cfg, wrappers, families, max_new_tokens, seed, batch_size,
+                         seed_per_prompt) if cfg.search_rounds and targets and families else {}
     white = {}
     can_grad = getattr(policy, "model", None) is not None and getattr(policy, "tokenizer", None) is not None
     if cfg.gcg_steps and can_grad:
@@ -234,7 +237,7 @@ def adaptive_attack(policy, items: list[dict], judge, cfg: AttackConfig, wrapper
         from opct.evals.attacker import rl_attack
 
         rl, rl_info = rl_attack(policy, items, targets, judge, cfg, wrappers, max_new_tokens, seed, batch_size,
-                                progress)
+                                progress, seed_per_prompt)
     baseline = {}
     if cfg.attack_baseline and targets:
         n = cfg.queries_per_target(white_box)

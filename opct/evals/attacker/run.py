@@ -60,11 +60,12 @@ def training_behaviours(policy, items: list[dict], targets: list[dict], judge, c
 
 
 def rl_attack(policy, items: list[dict], targets: list[dict], judge, cfg, wrappers: dict, max_new_tokens: int = 48,
-              seed: int = 0, batch_size: int = 64, progress: bool = False) -> tuple[dict[str, dict], dict]:
+              seed: int = 0, batch_size: int = 64, progress: bool = False,
+              seed_per_prompt: bool = False) -> tuple[dict[str, dict], dict]:
     """Train the attacker against `policy` and attack `targets`. Returns (target id -> result, or None for a target
     in the attacker's own data; the budget and training curve for run.json)."""
     t0 = time.time()
-    gen = Gen(max_new_tokens, cfg.attack_temperature, batch_size)
+    gen = Gen(max_new_tokens, cfg.attack_temperature, batch_size, seed_per_prompt=seed_per_prompt)
     goals = world_data()["requests"]
     seen = {_norm(g) for g in goals}
     attackable = [t for t in targets if _norm(t["request"]) not in seen]
