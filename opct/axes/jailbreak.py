@@ -232,8 +232,7 @@ def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     items = eval_world_items(cfg.n, cfg.seed) if ctx.items is None else \
         (ctx.items if cfg.n is None else cap_items(ctx.items, cfg.n))
     probes = build(items, ctx.trained, cfg.samples or DEFAULT_SAMPLES, cfg.seed)
-    responses = generate(policy, ctx.prompts(probes), ctx.gen, cfg.seed, desc=NAME,
-                         where=[p["where"] for p in probes])
+    responses = generate(policy, ctx.prompts(probes), ctx.gen, cfg.seed, desc=NAME, where=[p["where"] for p in probes])
     records = grade(probes, responses, judge)
     if ctx.attack is not None:
         from opct.evals.attack import adaptive_attack, search_families
@@ -242,10 +241,10 @@ def run(policy: Policy, ctx: EvalContext) -> list[dict]:
         trained = AXIS.train_families() if ctx.trained is None else ctx.trained
         # the attacker's behaviours are chosen by its own config (--attack-targets), not capped by --n
         attack_items = ctx.items if ctx.items is not None else world_items(cfg.seed)
+        g = ctx.gen
         attacked = adaptive_attack(policy, attack_items, judge, ctx.attack, WRAPPER_FAMILIES,
                                    search_families(ctx.attack.attack_wrappers, WRAPPER_FAMILIES, trained),
-                                   ctx.gen.max_new_tokens, cfg.seed, ctx.gen.batch_size, ctx.gen.progress,
-                                   ctx.gen.seed_per_prompt)
+                                   g.max_new_tokens, cfg.seed, g.batch_size, g.progress, g.seed_per_prompt)
         records += [{"suite": NAME, **r} for r in attacked]
         ctx.seconds["jailbreak_attack"] = round(time.time() - t0, 1)
         # the budget as it ran (queries per target depend on gradients being there); no target: the config's
