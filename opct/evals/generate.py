@@ -43,15 +43,24 @@ def prompt_seed(seed: int, ids: list[int], occurrence: int) -> int:
     return int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1)
 
 
+class PromptSeeds:
+    """`prompt_seed` of prompts in the order they come, counting each prompt's repeats (a call's prompts in list
+    order; the inspect provider's requests as they arrive)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._asked: dict[tuple, int] = {}  # prompt ids -> how many times they came before
+
+    def __call__(self, ids: list[int]) -> int:
+        key = tuple(ids)
+        occurrence = self._asked.get(key, 0)
+        self._asked[key] = occurrence + 1
+        return prompt_seed(self.seed, list(ids), occurrence)
+
+
 def prompt_seeds(seed: int, prompts_ids: list[list[int]]) -> list[int]:
     """`prompt_seed` of every prompt, counting repeats of a prompt in list order."""
-    seen: dict[tuple, int] = {}
-    out = []
-    for ids in prompts_ids:
-        key = tuple(ids)
-        out.append(prompt_seed(seed, list(ids), seen.get(key, 0)))
-        seen[key] = seen.get(key, 0) + 1
-    return out
+    return list(map(PromptSeeds(seed), prompts_ids))
 
 
 def seed_everything(seed: int) -> None:

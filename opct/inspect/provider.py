@@ -48,7 +48,7 @@ from inspect_ai.model import (
 from inspect_ai.tool import ToolChoice, ToolInfo
 
 from opct.errors import OpctError
-from opct.evals.generate import Gen, prompt_seed
+from opct.evals.generate import Gen, PromptSeeds
 from opct.inspect._args import clear_errors, flag, integer
 from opct.pairs.schema import prefill_follows_user
 
@@ -116,7 +116,7 @@ class OpctAPI(ModelAPI):
                                   trust_remote_code=trust)
         set_cpu_threads(count_parameters(path), device, threads)
         self._lock = threading.Lock()  # one batch at a time on the model (the sampler's memory is shared)
-        self._asked: dict[tuple, int] = {}  # prompt ids -> how many times they were asked
+        self._seeds = PromptSeeds(self.seed)  # a request's seed: by its prompt and how often it was asked before
         self._pending: list[_Request] = []
         self._drainer: asyncio.Task | None = None  # samples what is pending, while there is any
 
@@ -156,10 +156,7 @@ class OpctAPI(ModelAPI):
         top_p = 1.0 if config.top_p is None else float(config.top_p)
         ids = policy.render(messages)
         policy.check_fits(ids, max_new, f"opct model {self.model_name}")
-        key = tuple(ids)
-        occurrence = self._asked.get(key, 0)
-        self._asked[key] = occurrence + 1
-        return _Request(ids, prompt_seed(self.seed, ids, occurrence), (max_new, temperature, top_p),
+        return _Request(ids, self._seeds(ids), (max_new, temperature, top_p),
                         bool(config.logprobs), asyncio.get_running_loop().create_future())
 
     async def _drain(self) -> None:
