@@ -9,11 +9,13 @@ class OpctError(Exception):
 
 
 class DataError(OpctError):
-    """A malformed record in a data file. `str()` is `file:line: field: problem`."""
+    """A malformed record in a data file. `str()` is `file:line: field: problem`, or `file: problem` for the file as a
+    whole (line 0, field `<file>`: missing, empty)."""
 
     def __init__(self, path, line, field, problem):
         self.path, self.line, self.field, self.problem = str(path), line, field, problem
-        super().__init__(f"{self.path}:{line}: {field}: {problem}")
+        whole = not line and field == "<file>"
+        super().__init__(f"{self.path}: {problem}" if whole else f"{self.path}:{line}: {field}: {problem}")
 
 
 def first_line(exc: BaseException, default: str | None = None) -> str:

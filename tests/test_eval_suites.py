@@ -10,6 +10,7 @@ from opct.axes import jailbreak as JB
 from opct.axes import sycophancy as SY
 from opct.evals import attack as A
 from opct.evals.generate import Gen
+from opct.errors import OpctError
 from opct.evals.run import run_axis
 from opct.evals.scripted import ScriptedPolicy, last_user
 from opct.world import items as I
@@ -226,6 +227,37 @@ def test_run_eval_writes_records_metrics_and_budget(tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["attack"]["queries_per_target"] == 8 and run["judge"] == "world"
     assert "jailbreak_attack" in run["seconds"]
+
+
+def test_comma_separated_suites_run_those_axes_in_that_order(tmp_path):
+    """`--suite persona,sycophancy` runs exactly those two axes, in the order given; the records and metrics of each
+    equal its own single-suite run's (same seed), and a bad name among several is named."""
+    from opct.config import ConfigError
+    from opct.evals.run import EvalConfig, run_eval, suite_names
+
+    def respond(msgs):
+        return "The answer is yes."
+
+    def run(suite, name):
+        cfg = EvalConfig(model="scripted", suite=suite, out=str(tmp_path / name), n=4, samples=1, progress=False)
+        metrics = run_eval(ScriptedPolicy(respond), cfg, log=lambda *a: None)
+        return [json.loads(x) for x in (tmp_path / name / "records.jsonl").read_text().splitlines()], metrics
+
+    recs, metrics = run("persona, sycophancy", "both")
+    assert list(dict.fromkeys(r["suite"] for r in recs)) == ["persona", "sycophancy"]
+    for name in ("persona", "sycophancy"):
+        alone, alone_metrics = run(name, name)
+        assert [r for r in recs if r["suite"] == name] == alone
+        assert {k: v for k, v in metrics.items() if k.startswith(name + ".")} == alone_metrics
+    assert json.loads((tmp_path / "both" / "run.json").read_text())["done"] == ["persona", "sycophancy"]
+    assert suite_names("all") == list(AXES)
+    for bad, problem in [("sycophancy,nosuch", "'nosuch' is not an axis"), ("sycophancy,,persona", "'' is not an axis"),
+                         ("persona,persona", "names 'persona' twice"), ("all,persona", "'all' is not an axis")]:
+        with pytest.raises(ConfigError, match=problem):
+            EvalConfig(model="scripted", suite=bad, out=str(tmp_path / "x"))
+    with pytest.raises(OpctError, match="one suite"):
+        run_eval(ScriptedPolicy(respond), EvalConfig(model="scripted", suite="persona,sycophancy", items="x.jsonl",
+                                                     out=str(tmp_path / "y")), log=lambda *a: None)
 
 
 def test_lm_eval_asked_for_without_the_package_is_reported_as_not_run(tmp_path, monkeypatch, capsys):

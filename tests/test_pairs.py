@@ -62,8 +62,13 @@ def test_bad_line_is_reported_as_file_line_field_problem(tmp_path, line, field, 
 def test_duplicate_ids_and_empty_file(tmp_path):
     with pytest.raises(DataError, match=r":2: id: duplicate id 'a' \(first on line 1\)"):
         load_pairs(_write(tmp_path, [json.dumps(GOOD), json.dumps(GOOD)]))
-    with pytest.raises(DataError, match="no pairs"):
-        load_pairs(_write(tmp_path, [""]))
+    empty = _write(tmp_path, [""])
+    with pytest.raises(DataError) as e:
+        load_pairs(empty)
+    assert str(e.value) == f"{empty}: no pairs in file"  # the file as a whole: no ':0: <file>:' in the message
+    with pytest.raises(DataError) as e:
+        load_pairs(tmp_path / "absent.jsonl")
+    assert str(e.value) == f"{tmp_path / 'absent.jsonl'}: no such file"
 
 
 def test_cli_check_reports_error_without_traceback(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """`opct eval`: run evaluation suites on a model and write records.jsonl + metrics.json (with 95% CIs).
 
-    opct eval --model DIR [--adapter DIR] --suite AXIS|all --out DIR [--n N] [--seed S] [--items FILE]
+    opct eval --model DIR [--adapter DIR] --suite AXIS[,AXIS...]|all --out DIR [--n N] [--seed S] [--items FILE]
               [--attack/--no-attack] [--judge world|refusal|http ...] [--trained AXIS=FAMILY,FAMILY ...]
 
 Every flag is a field of `opct.evals.run.EvalConfig` or `opct.evals.attack.AttackConfig` (the attacker's budget);
@@ -33,7 +33,7 @@ def run(args) -> int:
     from opct.errors import OpctError
     from opct.evals.attack import AttackConfig
     from opct.evals.metrics import format_table
-    from opct.evals.run import EvalConfig, check_config, headline, load_eval_items, run_eval
+    from opct.evals.run import EvalConfig, check_config, headline, load_eval_items, run_eval, suite_names
 
     # One config file may hold both dataclasses' fields: split it between them.
     data = load_config_file(args.config) if args.config else {}
@@ -54,7 +54,7 @@ def run(args) -> int:
         own = {axis: str(path) for axis, path in subject.items.items()}
         cfg = dataclasses.replace(cfg, model=model_dir, axis_items={**own, **cfg.axis_items},
                                   judge=subject.judge if cfg.judge == "auto" and subject.judge else cfg.judge)
-    items = load_eval_items(cfg.items, cfg.suite) if cfg.items else None  # checked before the model is loaded
+    items = load_eval_items(cfg.items, suite_names(cfg.suite)[0]) if cfg.items else None  # checked before the model is loaded
     from opct.files import dir_lock
     from opct.modeldir import check_device
 

@@ -75,7 +75,7 @@ def check_pair_options(options: dict, field: str = "pair_options") -> None:
 class EvalConfig:
     model: str = option("", "model directory (save_pretrained format)")
     adapter: Optional[str] = option(None, "peft adapter directory to load on top of the model")
-    suite: str = option("all", "the axis to evaluate (see opct.axes), or all")
+    suite: str = option("all", "the axes to evaluate (see opct.axes), comma-separated, or all")
     out: str = option("", "run directory for records.jsonl, metrics.json, metrics.txt, run.json")
     n: Optional[int] = option(None, "items per axis (sycophancy: questions, default 100; jailbreak: harmful and "
                                     "benign requests each, default all; awareness: safety facts, default all; "
@@ -141,8 +141,7 @@ class EvalConfig:
         from opct.axes import AXES
 
         validate(self)
-        if self.suite != "all" and self.suite not in AXES:
-            raise ConfigError("suite", f"must be all or one of {', '.join(AXES)} (got {self.suite!r})")
+        suite_names(self.suite)
         check_trained(self.trained)
         check_pair_options(self.pair_options)
         for fname in ("axis_items", "axis_n"):
@@ -160,6 +159,23 @@ class EvalConfig:
                 raise ConfigError("judge_url", problem)
 
 
+def suite_names(suite: str) -> list[str]:
+    """The axes `suite` names, in the order given: 'all' (every axis, in opct.axes' order) or AXIS[,AXIS...]."""
+    from opct.axes import AXES
+
+    names = [s.strip() for s in suite.split(",")] if isinstance(suite, str) else [suite]
+    if names == ["all"]:
+        return list(AXES)
+    bad = [n for n in names if n not in AXES]
+    if bad or not names:
+        raise ConfigError("suite", (f"{bad[0]!r} is not an axis; " if bad and len(names) > 1 else "")
+                          + f"must be all or comma-separated axes of {', '.join(AXES)} (got {suite!r})")
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice:
+        raise ConfigError("suite", f"names {twice!r} twice (got {suite!r})")
+    return names
+
+
 def headline(metrics: dict) -> list[str]:
     """The metrics printed by default: overall, train vs held-out, the jailbreak sets and the attacker."""
     keep = []
@@ -172,8 +188,8 @@ def headline(metrics: dict) -> list[str]:
 
 def check_config(cfg: EvalConfig) -> None:
     """Problems a user can fix, found before any model is loaded."""
-    if cfg.items and cfg.suite == "all":
-        raise OpctError("--items holds one axis's items; name that suite with --suite")
+    if cfg.items and len(suite_names(cfg.suite)) != 1:
+        raise OpctError("--items holds one axis's items; name that one suite with --suite")
     if not cfg.out:
         raise OpctError("--out is required (the run directory to write)")
     if cfg.judge == "http" and not (cfg.judge_url and cfg.judge_model):
@@ -203,7 +219,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     from opct.pairs.schema import write_jsonl_atomic
 
     check_config(cfg)
-    names = list(AXES) if cfg.suite == "all" else [cfg.suite]
+    names = suite_names(cfg.suite)
     if items is None and cfg.items:
         items = load_eval_items(cfg.items, names[0])
     gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress, cfg.seed_per_prompt)
