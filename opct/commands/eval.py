@@ -54,7 +54,8 @@ def run(args) -> int:
         own = {axis: str(path) for axis, path in subject.items.items()}
         cfg = dataclasses.replace(cfg, model=model_dir, axis_items={**own, **cfg.axis_items},
                                   judge=subject.judge if cfg.judge == "auto" and subject.judge else cfg.judge)
-    items = load_eval_items(cfg.items, suite_names(cfg.suite)[0]) if cfg.items else None  # checked before the model is loaded
+    # checked before the model is loaded
+    items = load_eval_items(cfg.items, suite_names(cfg.suite)[0]) if cfg.items else None
     from opct.files import dir_lock
     from opct.modeldir import check_device
 
