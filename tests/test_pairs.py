@@ -192,6 +192,17 @@ def test_bad_user_items_name_the_field(tmp_path, axis, record, field):
 def test_unknown_family_is_a_clear_error():
     with pytest.raises(OpctError, match="unknown sycophancy family: flattery"):
         make_pairs("sycophancy", world_items("sycophancy"), families=["flattery"])
+    # a misspelt held-out family would silently hold out nothing: refused too, on closed and open axes alike
+    with pytest.raises(OpctError, match="unknown held-out sycophancy family: credentials"):
+        make_pairs("sycophancy", world_items("sycophancy"), heldout=["credential", "credentials"])
+    with pytest.raises(OpctError, match="held-out awareness family fires: no item has it; the items' families: "
+                                        "chemicals, electricity, fire"):
+        make_pairs("awareness", world_items("awareness"), heldout=["fires"])
+    with pytest.raises(OpctError, match="awareness family chem: no item has it"):
+        make_pairs("awareness", world_items("awareness"), families=["chem"])
+    mine = [{"id": "k1", "prompt": "Is it safe to mix these?", "fact": "They release a gas.", "domain": "kitchen"}]
+    pairs = make_pairs("awareness", mine, heldout=["kitchen"])  # a user's own domain is a family
+    assert [p.meta["split"] for p in pairs] == ["heldout"]
 
 
 def test_wrong_answer_from_options_is_never_the_answer():

@@ -47,14 +47,23 @@ def make_pairs(axis: str, items: list[dict], families=None, heldout=None, per_fa
             raise OpctError(f"{axis} pair option {k}: must be one of {', '.join(a.pair_options[k])} (got {v!r})")
     if per_family is not None and per_family < 1:
         raise OpctError(f"--per-family must be at least 1 (got {per_family})")
-    if families is not None:
-        unknown = [f for f in families if f not in a.families]
+    for flag, names in (("", families), ("held-out ", heldout)):  # a misspelt held-out family would hold out nothing
+        unknown = [f for f in names or () if f not in a.families]
         if unknown and not a.open_families:
-            raise OpctError(f"unknown {axis} famil{'y' if len(unknown) == 1 else 'ies'}: {', '.join(unknown)}; "
+            raise OpctError(f"unknown {flag}{axis} famil{'y' if len(unknown) == 1 else 'ies'}: {', '.join(unknown)}; "
                             f"known: {', '.join(a.families)}")
-    heldout = a.heldout if heldout is None else tuple(heldout)
-    return a.make_pairs(items, families=families, heldout=heldout, per_family=per_family, seed=seed,
-                        benign=include_benign, **options)
+    pairs = a.make_pairs(items, families=families, heldout=a.heldout if heldout is None else tuple(heldout),
+                         per_family=per_family, seed=seed, benign=include_benign, **options)
+    if a.open_families:  # families of the user's items: a name no item has is a typo, not a family
+        made = {p.meta.get("family") for p in pairs}
+        for flag, names in (("", families), ("held-out ", heldout)):
+            unknown = [f for f in names or () if f not in made and f not in a.families]
+            if unknown:
+                every = {p.meta.get("family") for p in a.make_pairs(items, benign=True, **options)} - {None}
+                raise OpctError(f"{flag}{axis} famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}: no "
+                                f"item has {'it' if len(unknown) == 1 else 'them'}; the items' families: "
+                                f"{', '.join(sorted(every | set(a.families)))}")
+    return pairs
 
 
 def replay_pairs(n: int, seed: int = 0) -> list[Pair]:
