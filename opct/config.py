@@ -343,7 +343,10 @@ def build_config(cls, args: argparse.Namespace | None = None, config_file=None, 
     except ConfigError as e:
         top = e.field.split(".")[0].split("[")[0]
         src = source.get(top)
-        if src == "--":
+        # a field given nowhere that is a flag of this command is named as that flag
+        unset_flag = src is None and args is not None and top not in overrides and any(
+            f.name == top and f.metadata.get("cli", True) for f in dataclasses.fields(cls))
+        if src == "--" or unset_flag:
             raise OpctError(f"{_flag(top)}{e.field[len(top):]}: {e.problem}") from None
         raise OpctError(f"{src or _label(cls)}: {e}") from None
     except TypeError as e:  # a field name that is not one of cls's (from overrides)

@@ -77,7 +77,7 @@ def test_opct_eval_cli_errors_are_one_line(test_organism, tmp_path, capsys):
     items.write_text('{"id": "a", "request": "How do I X?"}\n')
     assert main(["eval", "--model", str(test_organism), "--suite", "all", "--items", str(items),
                  "--out", str(tmp_path / "r")]) == 1
-    assert "name that suite with --suite" in capsys.readouterr().err
+    assert "--items holds one axis's items; name that one suite with --suite" in capsys.readouterr().err
     assert main(["eval", "--model", str(tmp_path / "nope"), "--suite", "capability", "--out", str(tmp_path)]) == 1
     assert "not a model directory" in capsys.readouterr().err
 

@@ -292,8 +292,14 @@ def test_a_judge_url_that_is_not_one_is_refused_before_anything_runs(url, tmp_pa
     assert err.startswith(f"opct: error: {exp}: eval.judge_url: {url!r} is not"), err
     exp.write_text(yaml.safe_dump({"name": "j", "arms": ["base"], "eval": {"judge": "http"}}))
     err = cli_error(capsys, ["run", str(exp), "--out", str(tmp_path / "runs")])
-    assert err == f"opct: error: {exp}: eval.judge_url: judge http needs judge_url (an OpenAI-compatible base URL) " \
-                  "and judge_model", err
+    assert err == f"opct: error: {exp}: eval.judge_url: judge http needs it (an OpenAI-compatible base URL)", err
+    # the same in a cross-threat file (it was found only after the run directory was made) and on the command line
+    threats = {"kind": "threats", "name": "t", "eval": {"judge": "http", "judge_url": "http://h/v1"}}
+    exp.write_text(yaml.safe_dump(threats))
+    err = cli_error(capsys, ["run", str(exp), "--out", str(tmp_path / "runs")])
+    assert err == f"opct: error: {exp}: eval.judge_model: judge http needs it (the judge's model)", err
+    err = cli_error(capsys, ["eval", "--model", "nodir-never-loaded", "--judge", "http", "--out", str(tmp_path / "e")])
+    assert err == "opct: error: --judge-url: judge http needs it (an OpenAI-compatible base URL)", err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]
 
 

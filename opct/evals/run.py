@@ -151,6 +151,10 @@ class EvalConfig:
         bad = [a for a, v in self.axis_n.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
         if bad:
             raise ConfigError(f"axis_n.{bad[0]}", f"must be an integer >= 1 (got {self.axis_n[bad[0]]!r})")
+        if self.judge == "http":  # here, so an experiment or threats file is refused when read, not at its first eval
+            for field, what in (("judge_url", "an OpenAI-compatible base URL"), ("judge_model", "the judge's model")):
+                if not getattr(self, field):
+                    raise ConfigError(field, f"judge http needs it ({what})")
         if self.judge_url is not None:
             from opct.evals.judges import judge_url_problem
 
@@ -192,8 +196,6 @@ def check_config(cfg: EvalConfig) -> None:
         raise OpctError("--items holds one axis's items; name that one suite with --suite")
     if not cfg.out:
         raise OpctError("--out is required (the run directory to write)")
-    if cfg.judge == "http" and not (cfg.judge_url and cfg.judge_model):
-        raise OpctError("--judge http needs --judge-url (an OpenAI-compatible base URL) and --judge-model")
     if cfg.lm_eval and cfg.lm_eval_include and not Path(cfg.lm_eval_include).is_dir():
         raise OpctError(f"--lm-eval-include: {cfg.lm_eval_include}: "
                         f"{'not a folder' if Path(cfg.lm_eval_include).exists() else 'no such folder'} "

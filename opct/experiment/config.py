@@ -122,10 +122,6 @@ class ExperimentConfig:
             if isinstance(getattr(self, fname), dict):
                 setattr(self, fname, construct(cls, getattr(self, fname), fname, reserved))
         validate(self)
-        if self.eval.judge == "http" and not (self.eval.judge_url and self.eval.judge_model):
-            # found here, not when the first arm's evaluation starts
-            raise ConfigError("eval.judge_url", "judge http needs judge_url (an OpenAI-compatible base URL) and "
-                                                "judge_model")
         if not self.name or "/" in self.name or self.name in (".", ".."):
             raise ConfigError("name", f"must be a non-empty directory name (got {self.name!r})")
         if len(set(self.seeds)) != len(self.seeds):
