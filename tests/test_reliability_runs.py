@@ -300,6 +300,14 @@ def test_a_judge_url_that_is_not_one_is_refused_before_anything_runs(url, tmp_pa
     assert err == f"opct: error: {exp}: eval.judge_model: judge http needs it (the judge's model)", err
     err = cli_error(capsys, ["eval", "--model", "nodir-never-loaded", "--judge", "http", "--out", str(tmp_path / "e")])
     assert err == "opct: error: --judge-url: judge http needs it (an OpenAI-compatible base URL)", err
+    # a URL or model given with another judge would be ignored: refused, on the command line and in a file
+    err = cli_error(capsys, ["eval", "--model", "nodir-never-loaded", "--judge", "world", "--judge-url", "http://h/v1",
+                             "--out", str(tmp_path / "e")])
+    assert err == "opct: error: --judge-url: only the http judge reads it, and the judge is 'world' (use judge http)"
+    exp.write_text(yaml.safe_dump({"name": "j", "arms": ["base"], "eval": {"judge_model": "g"}}))
+    err = cli_error(capsys, ["run", str(exp), "--out", str(tmp_path / "runs")])
+    assert err == f"opct: error: {exp}: eval.judge_model: only the http judge reads it, and the judge is 'auto' " \
+                  "(use judge http)", err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp.yaml"]
 
 

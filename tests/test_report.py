@@ -319,6 +319,9 @@ def test_cli_prints_summary_and_writes_out_dir(tmp_path, capsys):
     assert "0.525 [0.488, 0.559]" in line and "0.081 [0.060, 0.100]" in line
     assert main(["report", str(tmp_path / "nope")]) == 1
     assert "run directory not found" in capsys.readouterr().err
+    assert main(["report", str(run / "experiment.json")]) == 1  # a file of the run, not the run
+    assert capsys.readouterr().err.strip() == f"opct: error: {run / 'experiment.json'}: not a directory; " \
+                                              "`opct report` reads a run directory written by `opct run`"
 
 
 # ------------------------------------------------------------------------------------------------ the HTML file

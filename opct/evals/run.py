@@ -155,6 +155,11 @@ class EvalConfig:
             for field, what in (("judge_url", "an OpenAI-compatible base URL"), ("judge_model", "the judge's model")):
                 if not getattr(self, field):
                     raise ConfigError(field, f"judge http needs it ({what})")
+        else:  # given with another judge it would be ignored without a word
+            for field in ("judge_url", "judge_model"):
+                if getattr(self, field) is not None:
+                    raise ConfigError(field, f"only the http judge reads it, and the judge is {self.judge!r} "
+                                             "(use judge http)")
         if self.judge_url is not None:
             from opct.evals.judges import judge_url_problem
 

@@ -97,7 +97,8 @@ def _seed_dirs(arm_dir: Path) -> list[int]:
 def load_run(run_dir) -> Run:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise OpctError(f"{run_dir}: run directory not found")
+        raise OpctError(f"{run_dir}: not a directory; `opct report` reads a run directory written by `opct run`"
+                        if run_dir.exists() else f"{run_dir}: run directory not found")
     exp_path = run_dir / "experiment.json"
     if not exp_path.exists():
         raise OpctError(f"{exp_path}: not found; is {run_dir} a run directory written by `opct run`?")
