@@ -277,3 +277,19 @@ def test_lm_eval_asked_for_without_the_package_is_reported_as_not_run(tmp_path, 
         "opct eval: 2 of 2 lm-eval tasks failed and have no metrics (t1: not run: the lm_eval package is not "
         "installed (pip install 'opct[lmeval]'); t2: ")
     assert set(json.loads((out / "run.json").read_text())["lm_eval_errors"]) == {"t1", "t2"}
+
+
+def test_eval_help_names_every_axis(capsys):
+    """`opct eval --help` lists the axes --suite takes (its text is written out, so a new axis must be added to it)."""
+    from opct.axes import AXES
+    from opct.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    suite_help = text.split("--suite SUITE", 2)[2].split("--out OUT")[0]
+    assert all(name in suite_help for name in AXES), suite_help
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    eval_line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("eval"))
+    assert "threat axes" in eval_line

@@ -17,7 +17,8 @@ def register(subparsers) -> None:
     from opct.evals.attack import AttackConfig
     from opct.evals.run import EvalConfig
 
-    p = subparsers.add_parser("eval", help="evaluate a model: sycophancy, jailbreaks, safety awareness, capability",
+    p = subparsers.add_parser("eval", help="evaluate a model on the threat axes (sycophancy, jailbreaks, safety "
+                                           "awareness, capability, prefill, persona, frustration, conditional)",
                               description=__doc__.split("\n\n")[0])
     add_dataclass_args(p, EvalConfig)
     g = p.add_argument_group("adaptive attacker (jailbreak suite)")

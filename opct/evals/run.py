@@ -75,7 +75,8 @@ def check_pair_options(options: dict, field: str = "pair_options") -> None:
 class EvalConfig:
     model: str = option("", "model directory (save_pretrained format)")
     adapter: Optional[str] = option(None, "peft adapter directory to load on top of the model")
-    suite: str = option("all", "the axes to evaluate (see opct.axes), comma-separated, or all")
+    suite: str = option("all", "the axes to evaluate, comma-separated, or all: sycophancy, jailbreak, awareness, "
+                               "capability, prefill, persona, frustration, conditional (see opct/axes/)")
     out: str = option("", "run directory for records.jsonl, metrics.json, metrics.txt, run.json")
     n: Optional[int] = option(None, "items per axis (sycophancy: questions, default 100; jailbreak: harmful and "
                                     "benign requests each, default all; awareness: safety facts, default all; "
