@@ -8,9 +8,9 @@ import pytest
 from opct.axes import AXES
 from opct.axes import jailbreak as JB
 from opct.axes import sycophancy as SY
+from opct.errors import OpctError
 from opct.evals import attack as A
 from opct.evals.generate import Gen
-from opct.errors import OpctError
 from opct.evals.run import run_axis
 from opct.evals.scripted import ScriptedPolicy, last_user
 from opct.world import items as I
@@ -281,7 +281,6 @@ def test_lm_eval_asked_for_without_the_package_is_reported_as_not_run(tmp_path, 
 
 def test_eval_help_names_every_axis(capsys):
     """`opct eval --help` lists the axes --suite takes (its text is written out, so a new axis must be added to it)."""
-    from opct.axes import AXES
     from opct.cli import main
 
     with pytest.raises(SystemExit):
