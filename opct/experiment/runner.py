@@ -32,7 +32,7 @@ from opct.pairs.schema import Pair
 # grow (an arm already run must keep its settings).
 RESUMABLE = ("report", "note", "threads", "out", "name", "trust_remote_code", "arms", "seeds", "arm_specs",
              "log_with", "train.log_with", "train.tensorboard", "train.vllm_gpu_memory", "eval.log_with",
-             "eval.progress")
+             "train.progress", "eval.progress")
 
 
 def resolve_model(model: str) -> str:

@@ -32,7 +32,7 @@ def _sample_once(run: StepContext, pair_ids: list[str]) -> dict[str, list[dict]]
     cfg = run.config
     out: dict[str, list[dict]] = {}
     bar = tqdm(total=len(pair_ids), desc="offpolicy trajectories", dynamic_ncols=True,
-               disable=not run.accelerator.is_main_process)
+               disable=not (run.accelerator.is_main_process and cfg.progress))
     with run.teacher_policy() as policy:
         for i in range(0, len(pair_ids), cfg.batch_size):
             chunk = pair_ids[i:i + cfg.batch_size]

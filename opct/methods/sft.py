@@ -57,7 +57,7 @@ def teacher_answers(run: StepContext, pair_ids: list[str]) -> dict[str, list[Tar
     cfg = run.config
     out: dict[str, list[Target]] = {}
     bar = tqdm(total=len(pair_ids), desc=f"{cfg.method} targets", dynamic_ncols=True,
-               disable=not run.accelerator.is_main_process)
+               disable=not (run.accelerator.is_main_process and cfg.progress))
     with run.teacher_policy() as policy:
         for i in range(0, len(pair_ids), cfg.batch_size):
             chunk = pair_ids[i:i + cfg.batch_size]

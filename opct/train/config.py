@@ -12,7 +12,7 @@ from opct.trackers import PACKAGES as TRACKERS
 
 # Fields that may change when a run is resumed; any other difference from the saved config.json is an error.
 RESUMABLE_CHANGES = ("resume", "max_steps", "save_every", "keep_checkpoints", "tensorboard", "log_with",
-                     "vllm_gpu_memory")
+                     "vllm_gpu_memory", "progress")
 
 
 @dataclass
@@ -115,6 +115,8 @@ class TrainConfig:
     log_with: list[str] = option([], "trackers to log every step to, through accelerate (tensorboard, wandb, mlflow, "
                                      "...; see opct/trackers.py)", choices=list(TRACKERS))
     tensorboard: bool = option(False, "the same as --log-with tensorboard (kept for older configs)")
+    progress: bool = option(True, "progress bars (--no-progress: none, e.g. in a log file; metrics.jsonl has every "
+                                  "step either way)")
 
     def __post_init__(self):
         validate(self)

@@ -307,7 +307,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
 
         acc.init_trackers(f"{out.name}-{config.method}", config=scalars(asdict(config)))
     bar = tqdm(total=total_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,
-               disable=not acc.is_main_process)
+               disable=not (acc.is_main_process and config.progress))
     for step in range(start + 1, total_steps + 1):
         t0 = time.perf_counter()
         run.step = step - 1
