@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -297,9 +298,25 @@ def check_dtype(dtype, name: str = "dtype") -> None:
         raise OpctError(f"{name}: must be one of {', '.join(_DTYPES)} (got {dtype!r})")
 
 
+@contextmanager
+def _loading_bar(shown: bool):
+    """transformers' "Loading weights" bar off inside the block unless `shown` (its process-wide switch put back)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if not shown and was:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not shown and was:
+            hf_logging.enable_progress_bar()
+
+
 def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
-                trust_remote_code: bool = False) -> HFPolicy:
+                trust_remote_code: bool = False, progress: bool = True) -> HFPolicy:
     """Load a `save_pretrained` directory (safetensors only) as an `HFPolicy`, optionally with a peft adapter.
+    `progress` False: without transformers' loading bar (a command's --no-progress).
 
     Remote code is off unless asked for: a model directory is data, and loading it must not run its Python. Asked
     for (only ever by an explicit command-line flag), a warning names the directory whose code will run.
@@ -319,9 +336,10 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
         check_adapter(adapter)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model, info = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=_DTYPES[dtype],
-                                                           trust_remote_code=trust_remote_code,
-                                                           output_loading_info=True)
+        with _loading_bar(progress):
+            model, info = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=_DTYPES[dtype],
+                                                               trust_remote_code=trust_remote_code,
+                                                               output_loading_info=True)
     except (OSError, ValueError, RuntimeError) as e:
         first = first_line(e)
         if "mismatched" in first:

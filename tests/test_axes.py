@@ -42,6 +42,7 @@ def test_a_toy_axis_runs_through_pairs_eval_run_and_the_report(toy, tmp_path, ca
     out = tmp_path / "eval"
     assert main(["eval", "--model", str(test_organism), "--suite", "toy", "--out", str(out), "--no-progress",
                  "--max-new-tokens", "12", "--trained", "toy=bang"]) == 0
+    assert "Loading weights" not in capsys.readouterr().err  # --no-progress: not transformers' bar either
     metrics = json.loads((out / "metrics.json").read_text())
     assert {"toy.consistency", "toy.consistency[split=train]", "toy.consistency[split=heldout]"} <= set(metrics)
     recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
@@ -54,9 +55,10 @@ def test_a_toy_axis_runs_through_pairs_eval_run_and_the_report(toy, tmp_path, ca
         "train": {"max_steps": 2, "batch_size": 2, "n_samples": 2, "max_new_tokens": 8, "save_every": 2},
         "eval": {"suite": "toy", "max_new_tokens": 8, "progress": False}}))
     capsys.readouterr()
-    assert main(["run", str(exp)]) == 0
-    printed = capsys.readouterr().out
+    assert main(["run", str(exp), "--no-progress"]) == 0
+    printed, err = capsys.readouterr()
     assert "toy consistency" in printed  # the summary table
+    assert "opct train" not in err and "Loading weights" not in err, err  # --no-progress: no cell's bars
     root = tmp_path / "runs" / "toy"
     trained_pairs = [json.loads(x) for x in (root / "pairs" / "seed0.jsonl").read_text().splitlines()]
     assert trained_pairs and {p["axis"] for p in trained_pairs} == {"toy"}

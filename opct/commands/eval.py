@@ -65,7 +65,7 @@ def run(args) -> int:
 
     with dir_lock(cfg.out, "eval run directory"):  # a second `opct eval` into the same --out is refused
         policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
-                             trust_remote_code=cfg.trust_remote_code)
+                             trust_remote_code=cfg.trust_remote_code, progress=cfg.progress)
         set_cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads)
         metrics = run_eval(policy, cfg, attack, items=items)
     print(format_table(metrics, headline(metrics)))

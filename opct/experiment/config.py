@@ -112,6 +112,8 @@ class ExperimentConfig:
                              "these small, overhead-bound steps; else torch's default)", ge=0)
     log_with: list[str] = option([], "trackers (tensorboard, wandb, ...; opct/trackers.py) for every cell's training "
                                      "and evaluation, and the experiment's finished cells", choices=list(TRACKERS))
+    progress: bool = option(True, "progress bars of every cell's training and evaluation (--no-progress: none; "
+                                  "train.progress / eval.progress turn off one of them)")
     trust_remote_code: bool = option(False, "run the model directory's own Python code, in training and evaluation "
                                             "(a flag only: never from a file; prints a warning)", file=False)
 

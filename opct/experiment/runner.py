@@ -30,7 +30,7 @@ from opct.pairs.schema import Pair
 
 # Fields that may differ when an experiment is resumed (they do not change any cell's result); arms and seeds may
 # grow (an arm already run must keep its settings).
-RESUMABLE = ("report", "note", "threads", "out", "name", "trust_remote_code", "arms", "seeds", "arm_specs",
+RESUMABLE = ("report", "note", "threads", "out", "name", "trust_remote_code", "arms", "seeds", "arm_specs", "progress",
              "log_with", "train.log_with", "train.tensorboard", "train.vllm_gpu_memory", "eval.log_with",
              "train.progress", "eval.progress")
 
@@ -220,6 +220,7 @@ def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file
             runner["init_adapter"] = str(init)
         own = cfg.arms[arm].get("log_with", cfg.train.log_with)
         runner["log_with"] = list(dict.fromkeys([*own, *cfg.log_with]))
+        runner["progress"] = cfg.progress and cfg.arms[arm].get("progress", cfg.train.progress)
         tc = cfg.arm_config(arm, model=model, pairs=str(pairs_file), out=str(out), seed=seed,
                             resume=out.is_dir(),  # also a run killed before its first checkpoint: started over
                             trust_remote_code=cfg.trust_remote_code, **runner)
@@ -248,8 +249,9 @@ def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str 
                              trained=cfg.trained, trust_remote_code=cfg.trust_remote_code,
                              pair_options=cfg.pair_options, axis_items=axis_items(cfg),
                              log_with=list(dict.fromkeys([*cfg.eval.log_with, *cfg.log_with])),
+                             progress=cfg.progress and cfg.eval.progress,
                              **({"prompt_side": "teacher", "attack": False} if teacher_side else {}))
     policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device,
-                         trust_remote_code=ec.trust_remote_code)
+                         trust_remote_code=ec.trust_remote_code, progress=ec.progress)
     log(f"  eval: suite {ec.suite}" + (", teacher side" if teacher_side else ""))
     return run_eval(policy, ec, cfg.attack, log=lambda m: log("  " + m))

@@ -165,13 +165,15 @@ def student_and_teacher(model, config: TrainConfig):
     return model, teacher
 
 
-def separate_teacher(policy: HFPolicy, teacher_dir: str, device, trust_remote_code: bool = False):
+def separate_teacher(policy: HFPolicy, config: TrainConfig, device):
     """`teacher()` over another frozen model (`--teacher-model`, e.g. a backdoored teacher), loaded from its
     save_pretrained directory; its tokenizer must be the student's (the same vocabulary, token for token), since
     both score the same token ids."""
     from opct.subjects import resolve
 
-    other = load_policy(resolve(teacher_dir)[0], device=device, trust_remote_code=trust_remote_code)
+    teacher_dir = config.teacher_model
+    other = load_policy(resolve(teacher_dir)[0], device=device, trust_remote_code=config.trust_remote_code,
+                        progress=config.progress)
     if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
         raise OpctError(f"{teacher_dir}: --teacher-model has another tokenizer than the student ({policy.name}); "
                         f"both must score the same token ids")
@@ -255,11 +257,12 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     from opct.subjects import resolve
 
     model_dir = resolve(config.model)[0]
-    policy = load_policy(model_dir, device=acc.device, trust_remote_code=config.trust_remote_code)
+    policy = load_policy(model_dir, device=acc.device, trust_remote_code=config.trust_remote_code,
+                         progress=config.progress)
     prompts = render_pairs(policy, pairs, config.max_new_tokens)
     model, teacher = student_and_teacher(policy.model, config)
     if config.teacher_model:
-        teacher = separate_teacher(policy, config.teacher_model, acc.device, config.trust_remote_code)
+        teacher = separate_teacher(policy, config, acc.device)
     with teacher() as teacher_model:  # config, tokenizer and teacher score the same vocabulary
         check_vocab(policy, teacher_model)
     if config.gradient_checkpointing:
