@@ -138,3 +138,41 @@ def test_opct_eval_seed_per_prompt_metrics_do_not_depend_on_batch_size(test_orga
     assert len(r64) > 0 and r64 == r5 and m64 == m5
     if suite == "jailbreak":
         assert any(r.get("variant") == "attack" and r.get("target") for r in r64)  # the attacker ran
+
+
+def test_opct_eval_resume_continues_a_failed_run_to_what_an_uninterrupted_one_writes(test_organism, tmp_path,
+                                                                                     capsys, monkeypatch):
+    import dataclasses
+
+    from opct.axes import AXES
+    from opct.errors import OpctError
+
+    args = ["eval", "--model", str(test_organism), "--suite", "sycophancy,capability", "--n", "4",
+            "--max-new-tokens", "8", "--seed", "3"]
+    assert main([*args, "--out", str(tmp_path / "whole"), "--no-progress"]) == 0
+    whole = {f: (tmp_path / "whole" / f).read_text() for f in ("records.jsonl", "metrics.json", "metrics.txt")}
+
+    def broken(policy, ctx):
+        raise OpctError("capability broke")
+
+    out = tmp_path / "part"
+    with monkeypatch.context() as m:  # the run fails in its second axis, after the first was written
+        m.setitem(AXES, "capability", dataclasses.replace(AXES["capability"], run=broken))
+        assert main([*args, "--out", str(out)]) == 1
+    assert "capability broke" in capsys.readouterr().err
+    assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy"]
+    # run again without --resume: refused before the model loads, and nothing there is touched
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert main([*args, "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip() == (f"opct: error: {out}: already holds an eval run (1 of its axes done); "
+                                               "pass --resume to continue it, or choose another --out")
+    assert main([*args, "--out", str(out), "--resume", "--n", "5"]) == 1  # other settings: refused, naming them
+    assert f"{out}: cannot resume an eval run with other settings; changed: config.n (4 -> 5)" in \
+        capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    # --resume (a progress setting may change): the finished axis is kept, the other runs, the files are the whole
+    # run's byte for byte
+    assert main([*args, "--out", str(out), "--resume", "--no-progress"]) == 0
+    assert f"resuming {out}: sycophancy done" in capsys.readouterr().out
+    assert {f: (out / f).read_text() for f in whole} == whole
+    assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy", "capability"]

@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     g = p.add_argument_group("adaptive attacker (jailbreak suite)")
     add_dataclass_args(g, AttackConfig)
     p.add_argument("--config", default=None, help="JSON or YAML file of eval and attacker fields (flags override)")
+    p.add_argument("--resume", action="store_true", help="continue the eval run in --out (one that was killed or "
+                   "failed): its finished axes are kept and the others run, with the same settings; without it a "
+                   "run already in --out is refused")
     p.set_defaults(func=run)
 
 
@@ -34,7 +37,7 @@ def run(args) -> int:
     from opct.errors import OpctError
     from opct.evals.attack import AttackConfig
     from opct.evals.metrics import format_table
-    from opct.evals.run import EvalConfig, check_config, headline, load_eval_items, run_eval, suite_names
+    from opct.evals.run import EvalConfig, check_config, check_resume, headline, load_eval_items, run_eval, suite_names
 
     # One config file may hold both dataclasses' fields: split it between them.
     data = load_config_file(args.config) if args.config else {}
@@ -64,10 +67,11 @@ def run(args) -> int:
     from opct.policy import load_policy, set_cpu_threads
 
     with dir_lock(cfg.out, "eval run directory"):  # a second `opct eval` into the same --out is refused
+        check_resume(cfg, attack, args.resume)  # before the model is loaded
         policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
                              trust_remote_code=cfg.trust_remote_code, progress=cfg.progress)
         set_cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads)
-        metrics = run_eval(policy, cfg, attack, items=items)
+        metrics = run_eval(policy, cfg, attack, items=items, resume=args.resume)
     print(format_table(metrics, headline(metrics)))
     print(f"opct eval: {len(metrics)} metrics (per family / wrapper / category / domain in {cfg.out}/metrics.txt); "
           f"records in {cfg.out}/records.jsonl")

@@ -218,9 +218,56 @@ def load_eval_items(path, axis: str) -> list[dict]:
     return a.load_items(path, for_eval=True)
 
 
-def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | None = None) -> dict:
+# EvalConfig fields that may differ when an eval run is resumed (they change no record or metric)
+RESUMABLE = ("out", "progress", "log_with")
+
+
+def _attack_settings(cfg: EvalConfig, attack_cfg) -> dict | None:
+    """The attacker's settings as a run records them (None when it does not run)."""
+    return asdict(attack_cfg) if attack_cfg is not None and cfg.attack else None
+
+
+def _resumed(out: Path, cfg: EvalConfig, attack_cfg, names: list[str], resume: bool | str):
+    """What an earlier run into `out` finished: (axes, their records, metrics, seconds, info). Without `resume`
+    that run is an error (it would be overwritten), as are other settings than its own (unless `resume` is
+    "checked": the caller compared them, as an experiment does, whose run directory may have moved). Each axis draws
+    from its own seed, so the axes run after the finished ones give what an uninterrupted run would have."""
+    from opct.files import read_json
+    from opct.pairs.schema import read_jsonl
+    from opct.resume_check import changes
+
+    saved = read_json(out / "run.json", "eval run")
+    done = saved.get("done") if isinstance(saved, dict) else None
+    if not isinstance(done, list) or not isinstance(saved.get("config"), dict):
+        raise OpctError(f"{out / 'run.json'}: not an eval run's run.json (no config and done axes)")
+    if not resume:
+        raise OpctError(f"{out}: already holds an eval run ({len(done)} of its axes done); pass --resume to continue "
+                        "it, or choose another --out")
+    now = {"config": asdict(cfg), "attack_config": _attack_settings(cfg, attack_cfg)}
+    keys = [k for k in now if k in saved]  # a run.json written before attack_config was: its config only
+    changed = changes({k: saved[k] for k in keys}, {k: now[k] for k in keys},
+                      may_change=tuple(f"config.{f}" for f in RESUMABLE), defaults={"config": asdict(EvalConfig())})
+    if changed and resume != "checked":
+        raise OpctError(f"{out}: cannot resume an eval run with other settings; changed: {', '.join(changed)}")
+    done = [n for n in names if n in done]
+    records = [r for _, r in read_jsonl(out / "records.jsonl") if r.get("suite") in done]
+    metrics = {k: v for k, v in read_json(out / "metrics.json", "metrics").items() if k.split(".")[0] in done}
+    info = {k: v for k, v in saved.items() if k not in ("config", "attack_config", "seconds", "done")}
+    return done, records, metrics, dict(saved.get("seconds") or {}), info
+
+
+def check_resume(cfg: EvalConfig, attack_cfg, resume: bool) -> None:
+    """The errors `run_eval` would raise about a run already in `cfg.out`, before any model is loaded."""
+    if (Path(cfg.out) / "run.json").exists():
+        _resumed(Path(cfg.out), cfg, attack_cfg, suite_names(cfg.suite), resume)
+
+
+def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | None = None,
+             resume: bool | str = False) -> dict:
     """Run the configured axes on `policy`; write the run directory; return the metrics. `items`: the user's items
-    of `cfg.items`, when the caller has loaded them already."""
+    of `cfg.items`, when the caller has loaded them already. `resume`: continue the run `cfg.out` holds (its
+    finished axes are kept, the others run); without it a run already there is an error; "checked": continue it
+    without comparing its settings (the caller did: `opct run`'s cells)."""
     from opct.axes import AXES, EvalContext
     from opct.evals.generate import Gen
     from opct.evals.metrics import format_table
@@ -234,10 +281,15 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
 
+    done: list[str] = []
     records: list[dict] = []
     metrics: dict = {}
     seconds: dict = {}
     info: dict = {}
+    if (out / "run.json").exists():
+        done, records, metrics, seconds, info = _resumed(out, cfg, attack_cfg, names, resume)
+        if done:
+            log(f"resuming {out}: {', '.join(done)} done")
 
     def write() -> None:  # after every axis, so an axis that fails later loses nothing already measured
         write_jsonl_atomic(out / "records.jsonl", records)
@@ -245,10 +297,12 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
         write_atomic(out / "metrics.txt", format_table(metrics) + "\n" if metrics else "")
         write_json_atomic(out / "run.json", {"config": asdict(cfg), "judge": info.get("judge"), "seconds": seconds,
                                              "attack": info.get("attack"), "done": done,
+                                             "attack_config": _attack_settings(cfg, attack_cfg),
                                              **{k: v for k, v in info.items() if k not in ("judge", "attack")}})
 
-    done: list[str] = []
     for name in names:
+        if name in done:
+            continue
         trained = None if cfg.trained is None else cfg.trained.get(name, [])
         mine = items if items is not None else (load_eval_items(cfg.axis_items[name], name)
                                                 if name in cfg.axis_items else None)

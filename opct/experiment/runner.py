@@ -254,4 +254,5 @@ def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str 
     policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device,
                          trust_remote_code=ec.trust_remote_code, progress=ec.progress)
     log(f"  eval: suite {ec.suite}" + (", teacher side" if teacher_side else ""))
-    return run_eval(policy, ec, cfg.attack, log=lambda m: log("  " + m))
+    # a cell's eval killed part way continues (the experiment's own resume check compared the settings)
+    return run_eval(policy, ec, cfg.attack, log=lambda m: log("  " + m), resume="checked")

@@ -164,7 +164,7 @@ def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfi
     for axis in [*axes, CAPABILITY]:
         cfg = dataclasses.replace(ec, model=model_dir, adapter=adapter, suite=axis, out=str(out / axis), seed=seed,
                                   trained=trained, attack=False)
-        metrics.update(run_eval(policy, cfg, None, log=lambda m: None))
+        metrics.update(run_eval(policy, cfg, None, log=lambda m: None, resume="checked"))
     write_json_atomic(done, {"model": model_dir, "adapter": adapter, "metrics": metrics})
     return metrics
 
