@@ -170,6 +170,14 @@ def test_opct_eval_resume_continues_a_failed_run_to_what_an_uninterrupted_one_wr
     assert f"{out}: cannot resume an eval run with other settings; changed: config.n (4 -> 5)" in \
         capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    damaged = tmp_path / "damaged"  # a damaged file of the run: named, before the model loads
+    damaged.mkdir()
+    for name, text in before.items():
+        (damaged / name).write_bytes(text)
+    (damaged / "metrics.json").write_text("[1]")
+    assert main([*args, "--out", str(damaged), "--resume"]) == 1
+    assert capsys.readouterr().err.strip() == f"opct: error: {damaged / 'metrics.json'}: not an eval run's " \
+                                              "metrics (a JSON object)"
     # --resume (a progress setting may change): the finished axis is kept, the other runs, the files are the whole
     # run's byte for byte
     assert main([*args, "--out", str(out), "--resume", "--no-progress"]) == 0

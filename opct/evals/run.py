@@ -250,8 +250,16 @@ def _resumed(out: Path, cfg: EvalConfig, attack_cfg, names: list[str], resume: b
     if changed and resume != "checked":
         raise OpctError(f"{out}: cannot resume an eval run with other settings; changed: {', '.join(changed)}")
     done = [n for n in names if n in done]
-    records = [r for _, r in read_jsonl(out / "records.jsonl") if r.get("suite") in done]
-    metrics = {k: v for k, v in read_json(out / "metrics.json", "metrics").items() if k.split(".")[0] in done}
+    records = []
+    for line, r in read_jsonl(out / "records.jsonl"):
+        if not isinstance(r, dict):
+            raise OpctError(f"{out / 'records.jsonl'}:{line}: not a record (a JSON object)")
+        if r.get("suite") in done:
+            records.append(r)
+    metrics = read_json(out / "metrics.json", "metrics")
+    if not isinstance(metrics, dict):
+        raise OpctError(f"{out / 'metrics.json'}: not an eval run's metrics (a JSON object)")
+    metrics = {k: v for k, v in metrics.items() if k.split(".")[0] in done}
     info = {k: v for k, v in saved.items() if k not in ("config", "attack_config", "seconds", "done")}
     return done, records, metrics, dict(saved.get("seconds") or {}), info
 
