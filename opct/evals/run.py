@@ -261,7 +261,8 @@ def _resumed(out: Path, cfg: EvalConfig, attack_cfg, names: list[str], resume: b
         raise OpctError(f"{out / 'metrics.json'}: not an eval run's metrics (a JSON object)")
     metrics = {k: v for k, v in metrics.items() if k.split(".")[0] in done}
     info = {k: v for k, v in saved.items() if k not in ("config", "attack_config", "seconds", "done")}
-    return done, records, metrics, dict(saved.get("seconds") or {}), info
+    seconds = saved.get("seconds") if isinstance(saved.get("seconds"), dict) else {}  # timings only: not checked
+    return done, records, metrics, dict(seconds), info
 
 
 def check_resume(cfg: EvalConfig, attack_cfg, resume: bool) -> None:
