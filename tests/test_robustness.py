@@ -267,3 +267,5 @@ def test_flags_and_shipped_file(tmp_path, capsys):
                                                                   "--quick"])
     assert "--arms: not a setting of a robustness file" in cli_error(
         capsys, ["run", str(ROOT / "configs" / "robustness.yaml"), "--arms", "base"])
+    assert "--no-progress: not a setting of a robustness file" in cli_error(  # named as typed
+        capsys, ["run", str(ROOT / "configs" / "robustness.yaml"), "--no-progress"])

@@ -89,7 +89,8 @@ def _run_study_file(args, kind: str, load, run_all, build, lock_what: str) -> in
 
     other = sorted(k for k in vars(args) if k not in (*ROBUSTNESS_FLAGS, "experiment", "func", "command"))
     if other:
-        raise OpctError(f"--{other[0].replace('_', '-')}: not a setting of a {kind} file (its flags: "
+        given = ("--no-" if vars(args)[other[0]] is False else "--") + other[0].replace("_", "-")  # as typed
+        raise OpctError(f"{given}: not a setting of a {kind} file (its flags: "
                         f"{', '.join('--' + f for f in ROBUSTNESS_FLAGS)})")
     flags = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in ROBUSTNESS_FLAGS})
     cfg = load(args.experiment, flags)
