@@ -264,9 +264,16 @@ def load_config_file(path) -> dict:
         if path.suffix in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(text) or {}
+            data = yaml.safe_load(text)
+            if data is None:  # nothing but blanks and comments: a mistake more likely than "every default"
+                raise OpctError(f"{path}: holds no settings (empty, or comments only); leave the file out to use "
+                                "the defaults")
+        elif not text.strip():
+            raise OpctError(f"{path}: holds no settings (empty); leave the file out to use the defaults")
         else:
             data = json.loads(text)
+    except OpctError:
+        raise
     except RecursionError:
         raise OpctError(f"{path}: cannot parse config: nested too deeply") from None
     except Exception as e:  # noqa: BLE001 - any parse error becomes a user error naming the file

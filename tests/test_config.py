@@ -96,6 +96,20 @@ def test_flags_of_other_commands_are_checked(capsys, tmp_path):
     assert f"{audit}: k: must be an integer" in cli_error(capsys, ["audit", audit, "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize("name,text", [("exp.yaml", ""), ("exp.yaml", "# name: mine\n\n"), ("exp.json", " \n")])
+def test_a_config_file_without_settings_is_refused_not_read_as_every_default(tmp_path, capsys, name, text):
+    """An empty (or all-commented) experiment file ran the whole default experiment; it is refused, by name."""
+    path = _yaml(tmp_path, name, text)
+    for argv in (["run", path, "--out", str(tmp_path / "runs")],
+                 ["eval", "--model", "m", "--out", str(tmp_path / "e"), "--config", path]):
+        assert cli_error(capsys, argv) == f"opct: error: {path}: holds no settings (empty" + \
+            (", or comments only" if name.endswith(".yaml") else "") + "); leave the file out to use the defaults"
+    assert not (tmp_path / "runs").exists()
+    # an explicit empty mapping is a file that asks for the defaults: read, and on to the settings' own checks
+    assert cli_error(capsys, ["run", _yaml(tmp_path, "m.yaml", "{}\n"), "--name", ""]).endswith(
+        "--name: must be a non-empty directory name (got '')")
+
+
 def test_trust_remote_code_only_by_flag_and_with_a_warning(capsys, test_organism):
     from opct.policy import load_policy
 
