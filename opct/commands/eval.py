@@ -67,11 +67,11 @@ def run(args) -> int:
     from opct.policy import load_policy, set_cpu_threads
 
     with dir_lock(cfg.out, "eval run directory"):  # a second `opct eval` into the same --out is refused
-        check_resume(cfg, attack, args.resume)  # before the model is loaded
+        earlier = check_resume(cfg, attack, args.resume)  # before the model is loaded
         policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
                              trust_remote_code=cfg.trust_remote_code, progress=cfg.progress)
         set_cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads)
-        metrics = run_eval(policy, cfg, attack, items=items, resume=args.resume)
+        metrics = run_eval(policy, cfg, attack, items=items, resume=args.resume, earlier=earlier)
     print(format_table(metrics, headline(metrics)))
     print(f"opct eval: {len(metrics)} metrics (per family / wrapper / category / domain in {cfg.out}/metrics.txt); "
           f"records in {cfg.out}/records.jsonl")

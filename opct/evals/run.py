@@ -265,18 +265,21 @@ def _resumed(out: Path, cfg: EvalConfig, attack_cfg, names: list[str], resume: b
     return done, records, metrics, dict(seconds), info
 
 
-def check_resume(cfg: EvalConfig, attack_cfg, resume: bool) -> None:
-    """The errors `run_eval` would raise about a run already in `cfg.out`, before any model is loaded."""
+def check_resume(cfg: EvalConfig, attack_cfg, resume: bool) -> tuple | None:
+    """What a run already in `cfg.out` finished (None: no run there), read before any model is loaded, with the
+    errors `run_eval` would raise about it; pass it to `run_eval` as `earlier` so the files are read once."""
     if (Path(cfg.out) / "run.json").exists():
-        _resumed(Path(cfg.out), cfg, attack_cfg, suite_names(cfg.suite), resume)
+        return _resumed(Path(cfg.out), cfg, attack_cfg, suite_names(cfg.suite), resume)
+    return None
 
 
 def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | None = None,
-             resume: bool | str = False) -> dict:
+             resume: bool | str = False, earlier: tuple | None = None) -> dict:
     """Run the configured axes on `policy`; write the run directory; return the metrics. `items`: the user's items
     of `cfg.items`, when the caller has loaded them already. `resume`: continue the run `cfg.out` holds (its
     finished axes are kept, the others run); without it a run already there is an error; "checked": continue it
-    without comparing its settings (the caller did: `opct run`'s cells)."""
+    without comparing its settings (the caller did: `opct run`'s cells). `earlier`: `check_resume`'s reading of that
+    run, when the caller has made it already."""
     from opct.axes import AXES, EvalContext
     from opct.evals.generate import Gen
     from opct.evals.metrics import format_table
@@ -295,8 +298,10 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     metrics: dict = {}
     seconds: dict = {}
     info: dict = {}
-    if (out / "run.json").exists():
-        done, records, metrics, seconds, info = _resumed(out, cfg, attack_cfg, names, resume)
+    if earlier is None and (out / "run.json").exists():
+        earlier = _resumed(out, cfg, attack_cfg, names, resume)
+    if earlier is not None:
+        done, records, metrics, seconds, info = earlier
         if done:
             log(f"resuming {out}: {', '.join(done)} done")
 
