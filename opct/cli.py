@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from contextlib import contextmanager
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    _drop_deepspeed_cpu_notice()
     try:
         parser = build_parser()  # imports the axes, and the modules OPCT_AXES names
     except OpctError as e:
@@ -67,6 +69,25 @@ def main(argv=None) -> int:
         print(f"opct: error: {_one_line(message)}", file=sys.stderr)
         return 1
     return int(rc or 0)
+
+
+class _DeepSpeedCpuNotice(logging.Filter):
+    """DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.",
+    which transformers' import of DeepSpeed prints to stdout (where a command's output goes) on every machine
+    without a GPU once opct[deepspeed] is installed: dropped while torch sees no CUDA device, where it says only
+    that this is a CPU machine. Where torch does see one, the notice (DeepSpeed missed it) is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Setting accelerator to CPU."):
+            return True
+        torch = sys.modules.get("torch")
+        return torch is not None and torch.cuda.is_available()
+
+
+def _drop_deepspeed_cpu_notice() -> None:
+    log = logging.getLogger("DeepSpeed")  # the logger DeepSpeed creates on import keeps this filter
+    if not any(isinstance(f, _DeepSpeedCpuNotice) for f in log.filters):
+        log.addFilter(_DeepSpeedCpuNotice())
 
 
 def _end_progress_bars() -> None:

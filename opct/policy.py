@@ -299,8 +299,9 @@ def check_dtype(dtype, name: str = "dtype") -> None:
 
 
 @contextmanager
-def _loading_bar(shown: bool):
-    """transformers' "Loading weights" bar off inside the block unless `shown` (its process-wide switch put back)."""
+def hf_progress_bars(shown: bool):
+    """transformers' own progress bars ("Loading weights", "Writing model shards") off inside the block unless
+    `shown` (its process-wide switch put back): what a command's --no-progress / --quiet also hides."""
     from transformers.utils import logging as hf_logging
 
     was = hf_logging.is_progress_bar_enabled()
@@ -336,7 +337,7 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
         check_adapter(adapter)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        with _loading_bar(progress):
+        with hf_progress_bars(progress):
             model, info = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=_DTYPES[dtype],
                                                                trust_remote_code=trust_remote_code,
                                                                output_loading_info=True)

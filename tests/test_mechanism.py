@@ -69,7 +69,7 @@ def tiny_run(test_organism, tmp_path_factory):
     return run_experiment(cfg, log=lambda m: None)
 
 
-def test_the_probe_on_a_real_run(tiny_run, tmp_path):
+def test_the_probe_on_a_real_run(tiny_run, tmp_path, capfd):
     res = M.compute(tiny_run, n=6, progress=False)
     data = json.loads((tiny_run / "mechanism.json").read_text())
     assert data["arms"] == ["opct", "bct", "act"] and data["seeds"] == [0, 1]
@@ -95,8 +95,11 @@ def test_the_probe_on_a_real_run(tiny_run, tmp_path):
     finally:
         final.write_bytes(saved)
 
-    # the CLI writes it and the report shows it
+    # the CLI writes it and the report shows it; --no-progress: no bar, transformers' loading bars included
+    capfd.readouterr()
     assert main(["mechanism", str(tiny_run), "--n", "4", "--no-progress"]) == 0
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "it/s" not in err, err
     assert main(["report", str(tiny_run)]) == 0
     md = (tiny_run / "results.md").read_text()
     assert "## Mechanism" in md and "Linear CKA of the residual-stream changes" in md

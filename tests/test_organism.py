@@ -64,9 +64,10 @@ def test_trained_test_organism_passes_loose_bounds_an_untrained_one_fails(test_o
     assert sum(_within(profile).values()) <= 1, profile
 
 
-def test_same_seed_same_tokenizer_weights_and_profile(test_organism, tmp_path, monkeypatch):
+def test_same_seed_same_tokenizer_weights_and_profile(test_organism, tmp_path, monkeypatch, capfd):
     """The same bytes whatever thread count the caller left torch at (the build pins its own, and gives the
-    caller's back)."""
+    caller's back). Without progress (`--quiet`) transformers' loading and saving bars stay off too, and so does
+    its notice about the embeddings the second stage adds (opct's choice, nothing for the user to act on)."""
     from opct.organism.build import BUILD_THREADS
 
     monkeypatch.setenv("OPCT_HOME", str(tmp_path))
@@ -79,6 +80,9 @@ def test_same_seed_same_tokenizer_weights_and_profile(test_organism, tmp_path, m
     finally:
         torch.set_num_threads(caller)
     assert again != test_organism
+    err = capfd.readouterr().err
+    for noise in ("Loading weights", "Writing model shards", "mean_resizing", "it/s"):
+        assert noise not in err, err
     for f in ("model.safetensors", "tokenizer.json", "profile.json"):
         assert (again / f).read_bytes() == (test_organism / f).read_bytes(), f
     assert json.loads((again / "organism.json").read_text())["threads"] == BUILD_THREADS["test"]

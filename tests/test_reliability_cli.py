@@ -3,11 +3,13 @@ full or read-only disk damages nothing already written, damaged or mismatched mo
 command run in-process leaves torch's thread count (and the RNGs) as it found them."""
 
 import errno
+import importlib.util
 import json
 import os
 import random
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -271,3 +273,37 @@ def test_a_count_flag_below_one_is_a_usage_error(argv, flag, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {flag}: must be " in err and "Traceback" not in err, err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the notice is kept where torch sees a GPU")
+def test_deepspeeds_cpu_notice_stays_off_stdout_on_a_cpu_machine(tmp_path, capsys):
+    """With opct[deepspeed] installed, transformers' import of DeepSpeed printed "Setting accelerator to CPU. ..."
+    to stdout in every command on a CPU machine (before `opct organism build`'s directory, a command's output).
+    `main` drops that one notice while torch sees no CUDA device; the DeepSpeed logger's other messages pass."""
+    import logging
+
+    bad = tmp_path / "none.jsonl"
+    assert main(["pairs", "check", str(bad)]) == 1  # any command: main installs the filter first
+    capsys.readouterr()
+    log = logging.getLogger("DeepSpeed")
+    handler = logging.StreamHandler(stream=open(tmp_path / "log.txt", "w"))
+    log.addHandler(handler)
+    try:
+        log.warning("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it.")
+        log.warning("ZeRO stage 2 on 2 ranks")
+    finally:
+        log.removeHandler(handler)
+        handler.stream.close()
+    assert (tmp_path / "log.txt").read_text() == "ZeRO stage 2 on 2 ranks\n"
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    # DeepSpeed as it is imported (through transformers): nothing on stdout from an opct command ...
+    code = ("import sys; from opct.cli import main; main(['pairs', 'check', sys.argv[1]]); "
+            "import transformers.integrations.deepspeed, deepspeed.accelerator as a; a.get_accelerator()")
+    run = subprocess.run([sys.executable, "-c", code, str(bad)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert run.returncode == 0 and "Setting accelerator" not in run.stdout + run.stderr, run.stdout + run.stderr
+    # ... where without opct's filter the notice is printed
+    run = subprocess.run([sys.executable, "-c", "import deepspeed.accelerator as a; a.get_accelerator()"],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert "Setting accelerator to CPU" in run.stdout, run.stdout + run.stderr

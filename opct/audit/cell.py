@@ -119,8 +119,9 @@ def run_cell(cfg, s: Splits, method: str, org_dir: Path, cap_probes, before: dic
     t0 = time.time()
     diag = None
     if method in ALL_LABELLERS:
-        rm = load_policy(reward_dir) if reward_dir is not None and method == "diverse_decoding" else None
-        examples, diag = pseudo_label(load_policy(org_dir), spec, s.label, method, cfg, cell, seed, rm)
+        rm = load_policy(reward_dir, progress=False) if reward_dir is not None and method == "diverse_decoding" \
+            else None
+        examples, diag = pseudo_label(load_policy(org_dir, progress=False), spec, s.label, method, cfg, cell, seed, rm)
         t_label = time.time() - t0
         if not examples:  # every row filtered out (or empty): nothing to fine-tune on, the organism is unchanged
             return {"kind": "cell", "organism": s.organism, "method": method, "seed": seed, "after": before,
@@ -134,7 +135,7 @@ def run_cell(cfg, s: Splits, method: str, org_dir: Path, cap_probes, before: dic
     else:
         raise OpctError(f"unknown audit method {method!r}")
     t_train = time.time() - t0 - t_label
-    after = measure(load_policy(final), spec, s.eval, cap_probes, seed, cfg)
+    after = measure(load_policy(final, progress=False), spec, s.eval, cap_probes, seed, cfg)
     shutil.rmtree(final.parent / "checkpoints", ignore_errors=True)
     shutil.rmtree(final, ignore_errors=True)
     return {"kind": "cell", "organism": s.organism, "method": method, "seed": seed, "after": after, "label": diag,

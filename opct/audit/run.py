@@ -170,7 +170,7 @@ def run_audit(cfg: AuditConfig, log=print) -> Path:
         if ("base", None, None, None) not in done:
             probes = ORGANISMS[SYC.NAME].eval_probes(rng(SYC.NAME, "eval"), cfg.eval_n)
             spec = ORGANISMS[SYC.NAME]
-            m = {k: measure(load_policy(d), spec, probes, cap_probes, 0, cfg) for k, d in bases.items()}
+            m = {k: measure(load_policy(d, progress=False), spec, probes, cap_probes, 0, cfg) for k, d in bases.items()}
             _append(out, {"kind": "base", "dirs": {k: str(d) for k, d in bases.items()}, "sycophancy_probes": m,
                           "target": PROTECTION_TARGET, "seconds": round(time.time() - t0, 1)})
             log(f"[audit] protected base: sycophancy {m['plain']['misalignment']:.3f} (plain base) -> "
@@ -185,8 +185,8 @@ def run_audit(cfg: AuditConfig, log=print) -> Path:
             org_key = ("organism", name, None, seed)
             before = next((r["derived"] for r in read_results(out) if _key(r) == org_key), None)
             if before is None:
-                b = measure(load_policy(bases[spec.base]), spec, s.eval, cap_probes, seed, cfg)
-                policy = load_policy(org_dir)
+                b = measure(load_policy(bases[spec.base], progress=False), spec, s.eval, cap_probes, seed, cfg)
+                policy = load_policy(org_dir, progress=False)
                 before = measure(policy, spec, s.eval, cap_probes, seed, cfg)
                 import torch
 

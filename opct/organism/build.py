@@ -322,8 +322,6 @@ def build_organism(size: str = "default", force: bool = False, progress: bool = 
                    **overrides) -> Path:
     """Build (or find) the organism of `size`; return its directory. Overrides change the configuration (and so
     the hash); `force` rebuilds even when a matching organism exists, into the cache (never over the shipped one)."""
-    import torch
-
     if size not in SIZES:
         raise OpctError(f"unknown organism size {size!r}; choose one of {', '.join(SIZES)}")
     cfg = SIZES[size]
@@ -333,6 +331,14 @@ def build_organism(size: str = "default", force: bool = False, progress: bool = 
         cfg = OrganismConfig(**{**asdict(cfg), **overrides, "corpus": cfg.corpus})
     if not force and (found := find_organism(cfg)) is not None:
         return found
+    from opct.policy import hf_progress_bars
+
+    with hf_progress_bars(progress):  # `--quiet`: transformers' loading and saving bars too
+        return _build(cfg, progress)
+
+
+def _build(cfg: OrganismConfig, progress: bool) -> Path:
+    import torch
 
     from opct.organism.profile import measure_profile
     from opct.organism.tokenizer import train_tokenizer

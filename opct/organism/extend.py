@@ -77,6 +77,7 @@ def extend(cfg, base_dir, progress: bool = True):
     """(model, tokenizer, train log) of the second stage, from the first-stage organism in `base_dir`."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from opct.organism.build import _all_world_text, pack, tokenize_documents, train_model
 
@@ -85,7 +86,12 @@ def extend(cfg, base_dir, progress: bool = True):
     docs = stage2_docs(cfg)
     tokenizer = extend_tokenizer(tok1, [*_all_world_text(docs), *extra_text()])
     torch.manual_seed(cfg.seed + 1)
-    model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its notice that mean_resizing is on: chosen here, nothing for the user to do
+    try:
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     ids, mask = tokenize_documents(tokenizer, docs)
     rows = pack(ids, mask, cfg.seq_len, cfg.extend_steps * cfg.batch_size)
     del docs, ids, mask

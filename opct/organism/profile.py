@@ -165,7 +165,8 @@ def measure_profile(model_dir, n: int = 200, seed: int = 0, progress: bool = Tru
     from opct.evals.generate import Gen, generate
     from opct.policy import load_policy
 
-    policy = load_policy(model_dir)  # float32, CPU, safetensors only: as a user's checkpoint would load
+    # float32, CPU, safetensors only: as a user's checkpoint would load
+    policy = load_policy(model_dir, progress=progress)
     probes = profile_probes(n, seed)
     flat = [(name, msgs, judge) for name, lst in probes.items() for msgs, judge in lst]
     # one temperature-1 sample per probe (pure ancestral sampling: no top-k, no top-p), batched, KV-cached

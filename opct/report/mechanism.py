@@ -136,7 +136,7 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
         prompts = _prompts(pairs_file, n, seed)
         if len(prompts) < 2:
             raise OpctError(f"{pairs_file}: fewer than two perturbed prompts")
-        base = _states(load_policy(model_dir), [m for _, m in prompts], batch_size)
+        base = _states(load_policy(model_dir, progress=progress), [m for _, m in prompts], batch_size)
         bar.update(1)
         deltas = {}
         for arm in trained:
@@ -145,7 +145,8 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
                 skipped.append(f"{arm} seed {seed}: no trained adapter at {adapter}")
                 bar.update(1)
                 continue
-            h = _states(load_policy(model_dir, adapter=str(adapter)), [m for _, m in prompts], batch_size)
+            policy = load_policy(model_dir, adapter=str(adapter), progress=progress)
+            h = _states(policy, [m for _, m in prompts], batch_size)
             deltas[arm] = h - base
             bar.update(1)
         base_norm = base.norm(dim=-1).mean(dim=-1)  # (L,)

@@ -190,7 +190,7 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
     torch.set_num_threads(1)  # a small model: per-op overhead bound (opct.policy.set_cpu_threads)
     try:
         model = resolve(cfg.model)[0]
-        base = load_policy(model)
+        base = load_policy(model, progress=False)
         check_trigger(base.tokenizer, cfg.trigger, "backdoor.trigger")
         clean = training_pairs(cfg, seed)
         n = len(clean)
@@ -200,7 +200,8 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
             if needs_backdoor else ""
         start = _cached(out / "epoch0.json", lambda: measure(base, cfg, seed))
         if needs_backdoor:
-            teacher_asr = _cached(out / "teacher.json", lambda: measure(load_policy(teacher_dir), cfg, seed))
+            teacher_asr = _cached(out / "teacher.json",
+                                  lambda: measure(load_policy(teacher_dir, progress=False), cfg, seed))
         rows = []
         for c in cfg.conditions:
             t0 = time.time()
@@ -210,7 +211,7 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
             if not pairs_file.exists():
                 pairs = poison(clean, c.p, cfg.trigger, seed, c.teacher)
                 if c.admit == "filter":
-                    teacher = load_policy(teacher_dir) if c.teacher == "backdoor" else base
+                    teacher = load_policy(teacher_dir, progress=False) if c.teacher == "backdoor" else base
                     pairs, decisions = admit(pairs, teacher, base, cfg.max_new_tokens)
                     from opct.files import write_json_atomic
 
@@ -245,7 +246,7 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
                                      lr=cfg.lr, lora_r=cfg.lora_r, max_new_tokens=cfg.max_new_tokens, seed=seed,
                                      save_every=spe, keep_checkpoints=1, resume=(d / "train").is_dir())
                     train(tc)
-                    student = load_policy(model, adapter=str(d / "train" / "final"))
+                    student = load_policy(model, adapter=str(d / "train" / "final"), progress=False)
                     got = measure(student, cfg, seed)
                     got["clipped_frac"] = _clipped(d / "train" / "metrics.jsonl", (epoch - 1) * spe, epoch * spe)
                     return got

@@ -159,7 +159,7 @@ def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfi
     done = out / "done.json"
     if done.exists():
         return read_json(done, "evaluation")["metrics"]
-    policy = load_policy(model_dir, adapter=adapter, dtype=ec.dtype, device=ec.device)
+    policy = load_policy(model_dir, adapter=adapter, dtype=ec.dtype, device=ec.device, progress=ec.progress)
     metrics: dict = {}
     for axis in [*axes, CAPABILITY]:
         cfg = dataclasses.replace(ec, model=model_dir, adapter=adapter, suite=axis, out=str(out / axis), seed=seed,

@@ -176,7 +176,7 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
             write_json_atomic(path, v)
             return v
 
-        base = cached(out / "base.json", lambda: evaluate(load_policy(model), cfg, seed))
+        base = cached(out / "base.json", lambda: evaluate(load_policy(model, progress=False), cfg, seed))
         rows = _rows("base", "base", base)
         for cond in cfg.conditions:
             t0 = time.time()
@@ -190,7 +190,7 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
                                  max_new_tokens=cfg.max_new_tokens, seed=seed, save_every=cfg.max_steps,
                                  keep_checkpoints=1, resume=(d / "train").is_dir())
                 train(tc)
-                got = evaluate(load_policy(model, adapter=str(d / "train" / "final")), cfg, seed)
+                got = evaluate(load_policy(model, adapter=str(d / "train" / "final"), progress=False), cfg, seed)
                 for axis in cfg.axes:
                     got[f"{axis}.transfer"] = _transfer(base, got, axis)
                 return got

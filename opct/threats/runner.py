@@ -207,5 +207,5 @@ def evaluate(cfg: ThreatsConfig, model_dir: str, adapter: str | None, seed: int,
     judge = subject.judge if cfg.eval.judge == "auto" and subject is not None and subject.judge else cfg.eval.judge
     ec = dataclasses.replace(cfg.eval, model=model_dir, adapter=adapter, suite="all", out=str(out), seed=seed,
                              judge=judge, trained=cfg.eval_trained(), attack=False, axis_items=_items(cfg))
-    policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device)
+    policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device, progress=ec.progress)
     return run_eval(policy, ec, None, log=lambda m: None, resume="checked")  # the run's own check compared them

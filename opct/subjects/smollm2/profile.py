@@ -44,7 +44,7 @@ def measure_profile(model_dir=None, seed: int = 0, progress: bool = True, log=pr
     from opct.subjects.smollm2 import SUBJECT
 
     set_cpu_threads(0, threads=1)  # one thread: a second one only helps on an idle machine (opct.policy)
-    policy = load_policy(model_dir or SUBJECT.resolve())
+    policy = load_policy(model_dir or SUBJECT.resolve(), progress=progress)
     gen = Gen(MAX_NEW_TOKENS, 1.0, 64, progress)
     items = {name: get_items(name) for name in SAMPLES}
     t0, profile = time.time(), {}
