@@ -177,13 +177,16 @@ def _study_file(tmp_path, organism, **over) -> Path:
     return path
 
 
-def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, tmp_path):
+def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, tmp_path, capfd):
     from opct.cli import main
     from opct.evals.run import EvalConfig
     from opct.robustness.cells import evaluate
 
     path = _study_file(tmp_path, test_organism)
+    capfd.readouterr()
     assert main(["run", str(path)]) == 0
+    err = capfd.readouterr().err
+    assert "robustness:" in err and "it/s" in err, err  # the study's bar and its training runs' bars
     root = tmp_path / "runs" / "r"
     cell = root / "washout" / "seed0"
     first = json.loads((cell / "rows.json").read_text())["rows"]
@@ -203,7 +206,10 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
     (cell / "rows.json").unlink()
     shutil.rmtree(cell / "bct-sycophancy" / "dose-16")
     shutil.rmtree(cell / "bct-sycophancy" / "wash" / "final")
-    assert main(["run", str(path)]) == 0
+    capfd.readouterr()
+    assert main(["run", str(path), "--no-progress"]) == 0  # resumable with other bars; and none
+    err = capfd.readouterr().err
+    assert "robustness:" not in err and "it/s" not in err and "Loading weights" not in err, err
     assert json.loads((cell / "rows.json").read_text())["rows"] == first
 
     # other settings under the same name are refused; --quick writes elsewhere
@@ -267,5 +273,5 @@ def test_flags_and_shipped_file(tmp_path, capsys):
                                                                   "--quick"])
     assert "--arms: not a setting of a robustness file" in cli_error(
         capsys, ["run", str(ROOT / "configs" / "robustness.yaml"), "--arms", "base"])
-    assert "--no-progress: not a setting of a robustness file" in cli_error(  # named as typed
-        capsys, ["run", str(ROOT / "configs" / "robustness.yaml"), "--no-progress"])
+    assert "--no-benign: not a setting of a robustness file" in cli_error(  # named as typed
+        capsys, ["run", str(ROOT / "configs" / "robustness.yaml"), "--no-benign"])

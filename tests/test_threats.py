@@ -171,7 +171,36 @@ def test_cli_runs_resumes_and_reports(tiny_run, capsys):
 
     path, root, _ = tiny_run
     (root / "report.html").unlink()
-    assert main(["run", str(path)]) == 0  # every cell done: resumes, rewrites the matrix and the report
+    # every cell done: resumes (with other bars too), rewrites the matrix and the report
+    assert main(["run", str(path), "--no-progress"]) == 0
     assert (root / "report.html").exists() and "Cross-threat matrix" in capsys.readouterr().out
     assert main(["report", str(root)]) == 0
     assert "arms" in cli_error(capsys, ["run", str(path), "--arms", "base"])
+
+
+def test_no_progress_reaches_every_training_and_evaluation_cell(tmp_path, monkeypatch):
+    """`opct run THREATS.yaml --no-progress`: the training cells' bars off (their loading bars follow), whatever the
+    file's train block says; the evaluations' too, even where the file turns them on."""
+    import argparse
+    import dataclasses
+
+    from opct.threats import load_threats
+
+    path = _write(tmp_path, eval={**TINY["eval"], "progress": True})
+    on, off = load_threats(path), load_threats(path, argparse.Namespace(progress=False))
+    assert on.train_config("bct").progress and on.train_config("sft", target_n=1).progress and on.eval.progress
+    assert not off.train_config("bct").progress and not off.train_config("sft", target_n=1).progress
+    quiet_act = dataclasses.replace(off, method_train={"act": {"progress": True}})
+    assert not quiet_act.train_config("act").progress
+
+    # and every evaluation: what it loads and what it runs
+    import opct.evals.run
+    import opct.policy
+    from opct.threats import runner
+
+    seen = []
+    monkeypatch.setattr(opct.policy, "load_policy", lambda *a, progress, **k: seen.append(("load", progress)))
+    monkeypatch.setattr(opct.evals.run, "run_eval", lambda policy, ec, *a, **k: seen.append(("eval", ec.progress)))
+    for cfg in (on, off):
+        runner.evaluate(cfg, "m", None, 0, tmp_path / "eval", print)
+    assert seen == [("load", True), ("eval", True), ("load", False), ("eval", False)]

@@ -36,7 +36,7 @@ def register(subparsers) -> None:
 
 
 # The flags a robustness file (kind: robustness) takes; the other flags are an experiment's.
-ROBUSTNESS_FLAGS = ("name", "model", "out", "seeds", "threads", "note", "report", "quick")
+ROBUSTNESS_FLAGS = ("name", "model", "out", "seeds", "threads", "note", "report", "quick", "progress")
 
 
 def run(args) -> int:

@@ -136,7 +136,7 @@ def backdoor_dir(base_model: str, trigger: str, seed: int, steps: int) -> Path:
 
 
 def build_backdoored_teacher(base_model: str, trigger: str = DEFAULT_TRIGGER, seed: int = 0, steps: int = 60,
-                             log=print) -> Path:
+                             log=print, progress: bool = True) -> Path:
     """A copy of `base_model` fine-tuned (full fine-tuning, SFT on `backdoor_examples`, `steps` steps of 16) so that
     the trigger elicits compliance; deterministic by `seed`, saved with save_pretrained (safetensors) and cached
     (`backdoor_dir`). Returns the model directory (its `final/`)."""
@@ -163,7 +163,8 @@ def build_backdoored_teacher(base_model: str, trigger: str = DEFAULT_TRIGGER, se
         log(f"  backdoored teacher: SFT of {base_model} on {len(pairs)} examples, {steps} steps -> {root}")
         train(TrainConfig(method="sft", model=base_model, pairs=str(root / "pairs.jsonl"), out=str(run),
                           targets=str(root / "targets.jsonl"), lora=False, max_steps=steps, batch_size=16,
-                          lr=3e-4, max_new_tokens=48, seed=seed, save_every=steps, keep_checkpoints=1))
+                          lr=3e-4, max_new_tokens=48, seed=seed, save_every=steps, keep_checkpoints=1,
+                          progress=progress))
         (run / "final").rename(final)
         shutil.rmtree(run, ignore_errors=True)
     return final

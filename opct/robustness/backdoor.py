@@ -79,6 +79,8 @@ class Config:
     max_new_tokens: int = option(48, "response cap in training and evaluation", ge=1)
     eval_samples: int = option(4, "samples per eval prompt (temperature 1)", ge=1)
     backdoor_steps: int = option(60, "fine-tuning steps that make the backdoored teacher", ge=1)
+    progress: bool = option(True, "progress bars of the training runs (the study file's --no-progress turns them "
+                                  "off)")
 
     def __post_init__(self):
         validate(self)
@@ -196,7 +198,7 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
         n = len(clean)
         steps_per_epoch = -(-n // cfg.batch_size)
         needs_backdoor = any(c.teacher == "backdoor" for c in cfg.conditions)
-        teacher_dir = str(build_backdoored_teacher(model, cfg.trigger, seed, cfg.backdoor_steps, log)) \
+        teacher_dir = str(build_backdoored_teacher(model, cfg.trigger, seed, cfg.backdoor_steps, log, cfg.progress)) \
             if needs_backdoor else ""
         start = _cached(out / "epoch0.json", lambda: measure(base, cfg, seed))
         if needs_backdoor:
@@ -244,7 +246,8 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
                                      teacher_model=teacher_dir if c.teacher == "backdoor" else "",
                                      n_samples=cfg.n_samples, batch_size=cfg.batch_size, max_steps=epoch * spe,
                                      lr=cfg.lr, lora_r=cfg.lora_r, max_new_tokens=cfg.max_new_tokens, seed=seed,
-                                     save_every=spe, keep_checkpoints=1, resume=(d / "train").is_dir())
+                                     save_every=spe, keep_checkpoints=1, resume=(d / "train").is_dir(),
+                                     progress=cfg.progress)
                     train(tc)
                     student = load_policy(model, adapter=str(d / "train" / "final"), progress=False)
                     got = measure(student, cfg, seed)

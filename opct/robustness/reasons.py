@@ -70,6 +70,8 @@ class Config:
     max_new_tokens: int = option(64, "target and eval response cap (the reason adds up to ~20 tokens)", ge=1)
     eval_n: int = option(16, "items per axis in the evaluation (jailbreak: harmful and benign requests each)", ge=1)
     eval_samples: int = option(1, "samples per eval prompt (temperature 1)", ge=1)
+    progress: bool = option(True, "progress bars of the training runs (the study file's --no-progress turns them "
+                                  "off)")
 
     def __post_init__(self):
         validate(self)
@@ -188,7 +190,7 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
                                  target=target, mask_reason=masked, max_steps=cfg.max_steps,
                                  batch_size=cfg.batch_size, lr=cfg.lr, lora_r=cfg.lora_r,
                                  max_new_tokens=cfg.max_new_tokens, seed=seed, save_every=cfg.max_steps,
-                                 keep_checkpoints=1, resume=(d / "train").is_dir())
+                                 keep_checkpoints=1, resume=(d / "train").is_dir(), progress=cfg.progress)
                 train(tc)
                 got = evaluate(load_policy(model, adapter=str(d / "train" / "final"), progress=False), cfg, seed)
                 for axis in cfg.axes:

@@ -46,6 +46,8 @@ class RobustnessConfig:
                                       factory=default_studies, nonempty=True)
     quick: bool = option(False, "smaller sizes (each study's QUICK: fewer steps, doses and items)")
     threads: int = option(0, "torch CPU threads (0: opct's default for the model's size)", ge=0)
+    progress: bool = option(True, "progress bars: the study's own and its training runs' (--no-progress: none, "
+                                  "transformers' loading bars included; the evaluations run without)")
     note: str = option("", "free text shown at the top of the report")
     report: bool = option(True, "write results.md and report.html at the end")
 
@@ -145,7 +147,8 @@ def _study_changes(name: str, saved: dict, now: dict) -> list[str]:
     module = STUDIES.get(name)
     defaults = defaults_of(module.Config) if module is not None and hasattr(module, "Config") else {}
     # the runner sets the blocks' model, out and seed itself
-    runner_set = ("model",) + tuple(f"{b}.{f}" for b in ("train", "eval") for f in ("model", "out", "seed"))
+    runner_set = ("model", "progress", "train.progress", "eval.progress") + tuple(
+        f"{b}.{f}" for b in ("train", "eval") for f in ("model", "out", "seed"))
     return [f"studies.{name}.{c}" for c in
             changes(saved, now, runner_set, {**defaults, **block_defaults(saved, train=TrainConfig, eval=EvalConfig)})]
 
@@ -159,7 +162,7 @@ def _previous(root: Path, resolved: dict) -> dict:
         raise OpctError(f"{path}: not a robustness study's settings; use another --name or delete {root}")
     changed = changes({k: v for k, v in old.items() if k != "studies"},
                       {k: v for k, v in resolved.items() if k != "studies"},
-                      ("seeds", "name", "out", "note", "report", "threads", "model_dir"))
+                      ("seeds", "name", "out", "note", "report", "threads", "progress", "model_dir"))
     for s, c in resolved["studies"].items():
         if s in old.get("studies", {}):
             changed += _study_changes(s, old["studies"][s], c)
@@ -169,6 +172,19 @@ def _previous(root: Path, resolved: dict) -> dict:
         raise OpctError(f"{path}: the study in {root} was started with other settings ({', '.join(changed)}); use "
                         f"another --name, or delete {root} to start again")
     return old
+
+
+def _without_bars(study, progress: bool):
+    """A study's Config as it runs: without `progress`, its own `progress` (the studies that build their training
+    runs themselves) and its `train` and `eval` blocks' are off."""
+    if progress:
+        return study
+    names = {f.name for f in dataclasses.fields(study)}
+    changes = {"progress": False} if "progress" in names else {}
+    for block in ("train", "eval"):
+        if block in names and dataclasses.is_dataclass(getattr(study, block)):
+            changes[block] = dataclasses.replace(getattr(study, block), progress=False)
+    return dataclasses.replace(study, **changes)
 
 
 def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
@@ -186,8 +202,9 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
                     if hasattr(c, "train") and hasattr(c, "methods") for m in c.methods})
     root = Path(cfg.out) / cfg.run_name()
     model = resolve_model(cfg.model)
-    configs = {n: dataclasses.replace(c, model=model) if any(f.name == "model" for f in dataclasses.fields(c))
-               else c for n, c in cfg.built.items()}
+    configs = {n: _without_bars(dataclasses.replace(c, model=model) if any(f.name == "model" for f in
+                                                                           dataclasses.fields(c)) else c, cfg.progress)
+               for n, c in cfg.built.items()}
     resolved = {"kind": KIND, "name": cfg.run_name(), "model": cfg.model, "model_dir": model, "quick": cfg.quick,
                 "seeds": cfg.seeds, "note": cfg.note, "studies": {n: dataclasses.asdict(c) for n, c in configs.items()}}
     old = _previous(root, resolved)
@@ -198,7 +215,7 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
 
     cells = [(seed, name) for seed in cfg.seeds for name in configs]
     t_start = time.time()
-    bar = tqdm(total=len(cells), desc="robustness", unit="cell", dynamic_ncols=True)
+    bar = tqdm(total=len(cells), desc="robustness", unit="cell", dynamic_ncols=True, disable=not cfg.progress)
     say = tqdm.write
     for seed, name in cells:
         d = root / name / f"seed{seed}"

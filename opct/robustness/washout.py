@@ -148,7 +148,8 @@ def wash_config(cfg: Config, trained_model: str, trained_adapter: str | None, pa
                        seed=seed, max_steps=dose // cfg.wash_batch_size, batch_size=cfg.wash_batch_size,
                        lr=cfg.wash_lr, lr_schedule="constant", warmup_steps=0, lora=lora,
                        init_adapter=trained_adapter or "", max_new_tokens=cfg.train.max_new_tokens,
-                       save_every=max(1, dose // cfg.wash_batch_size), keep_checkpoints=1)
+                       save_every=max(1, dose // cfg.wash_batch_size), keep_checkpoints=1,
+                       progress=cfg.train.progress)
 
 
 # ------------------------------------------------------------------------------------------------ one seed

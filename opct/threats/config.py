@@ -103,6 +103,9 @@ class ThreatsConfig:
                                    "always off)", factory=threats_eval)
     quick: bool = option(False, "smaller sizes (QUICK: the first seed, fewer steps and items)")
     threads: int = option(0, "torch CPU threads (0: opct's default for the model's size)", ge=0)
+    progress: bool = option(True, "progress bars of the training cells (--no-progress: none, transformers' loading "
+                                  "bars included; the evaluations run without unless eval.progress); "
+                                  "train.progress turns the training's off too")
     note: str = option("", "free text shown at the top of the report")
     report: bool = option(True, "write results.md and report.html at the end")
 
@@ -167,8 +170,11 @@ class ThreatsConfig:
         return self.name + ("-quick" if self.quick and not self.name.endswith("-quick") else "")
 
     def train_config(self, method: str, **runner) -> TrainConfig:
-        """The shared `train` block, the method's own overrides, then what the runner sets."""
-        return dataclasses.replace(self.train, **{**self.method_train.get(method, {}), **runner}, method=method)
+        """The shared `train` block, the method's own overrides, then what the runner sets (and no bars without
+        `progress`)."""
+        fields = {**self.method_train.get(method, {}), **runner}
+        fields["progress"] = self.progress and fields.get("progress", self.train.progress)
+        return dataclasses.replace(self.train, **fields, method=method)
 
     def families(self, axis: str) -> list[str]:
         return families_of(axis, self.trained)

@@ -21,8 +21,8 @@ SETTINGS = "threats.json"
 CONTROL = "control"
 BASE = "base"
 # Settings that may differ on a rerun: they do not change any finished cell.
-RESUMABLE = ("seeds", "threats", "methods", "name", "out", "note", "report", "threads", "model_dir", "trained",
-             "method_train")
+RESUMABLE = ("seeds", "threats", "methods", "name", "out", "note", "report", "threads", "progress", "model_dir",
+             "trained", "method_train")
 NO_SIGNAL = "no signal by construction"
 
 
@@ -206,6 +206,7 @@ def evaluate(cfg: ThreatsConfig, model_dir: str, adapter: str | None, seed: int,
     subject = SUBJECTS.get(cfg.model)
     judge = subject.judge if cfg.eval.judge == "auto" and subject is not None and subject.judge else cfg.eval.judge
     ec = dataclasses.replace(cfg.eval, model=model_dir, adapter=adapter, suite="all", out=str(out), seed=seed,
-                             judge=judge, trained=cfg.eval_trained(), attack=False, axis_items=_items(cfg))
+                             judge=judge, trained=cfg.eval_trained(), attack=False, axis_items=_items(cfg),
+                             progress=cfg.progress and cfg.eval.progress)
     policy = load_policy(ec.model, adapter=ec.adapter, dtype=ec.dtype, device=ec.device, progress=ec.progress)
     return run_eval(policy, ec, None, log=lambda m: None, resume="checked")  # the run's own check compared them
