@@ -322,6 +322,8 @@ def build_organism(size: str = "default", force: bool = False, progress: bool = 
                    **overrides) -> Path:
     """Build (or find) the organism of `size`; return its directory. Overrides change the configuration (and so
     the hash); `force` rebuilds even when a matching organism exists, into the cache (never over the shipped one)."""
+    import torch
+
     if size not in SIZES:
         raise OpctError(f"unknown organism size {size!r}; choose one of {', '.join(SIZES)}")
     cfg = SIZES[size]
@@ -331,17 +333,10 @@ def build_organism(size: str = "default", force: bool = False, progress: bool = 
         cfg = OrganismConfig(**{**asdict(cfg), **overrides, "corpus": cfg.corpus})
     if not force and (found := find_organism(cfg)) is not None:
         return found
-    from opct.policy import hf_progress_bars
-
-    with hf_progress_bars(progress):  # `--quiet`: transformers' loading and saving bars too
-        return _build(cfg, progress)
-
-
-def _build(cfg: OrganismConfig, progress: bool) -> Path:
-    import torch
 
     from opct.organism.profile import measure_profile
     from opct.organism.tokenizer import train_tokenizer
+    from opct.policy import hf_progress_bars
     from opct.world.corpus import sample_corpus
 
     out = organism_dir(cfg)
@@ -369,7 +364,8 @@ def _build(cfg: OrganismConfig, progress: bool) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     tmp.chmod(0o755)  # mkdtemp makes it private; an organism directory is meant to be shared and shipped
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        with hf_progress_bars(progress):  # `--quiet`: not transformers' saving bar either
+            model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         n_params = sum(p.numel() for p in model.parameters())
         meta = {"config_hash": cfg.config_hash(), "corpus_digest": corpus_digest(cfg), "config": asdict(cfg),

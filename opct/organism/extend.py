@@ -80,9 +80,11 @@ def extend(cfg, base_dir, progress: bool = True):
     from transformers.utils import logging as hf_logging
 
     from opct.organism.build import _all_world_text, pack, tokenize_documents, train_model
+    from opct.policy import hf_progress_bars
 
     tok1 = AutoTokenizer.from_pretrained(base_dir)
-    model = LlamaForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32, use_safetensors=True)
+    with hf_progress_bars(progress):
+        model = LlamaForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32, use_safetensors=True)
     docs = stage2_docs(cfg)
     tokenizer = extend_tokenizer(tok1, [*_all_world_text(docs), *extra_text()])
     torch.manual_seed(cfg.seed + 1)
