@@ -146,6 +146,34 @@ def test_poisoned_teacher_side_is_harmful_and_the_admission_filter_rejects_it(or
     assert len(kept) == sum(d["decision"] == "admitted" for d in decisions)
 
 
+def test_pairs_poison_and_admit_from_the_command_line(tmp_path, capfd):
+    """`opct pairs make | poison | admit` as the README shows them: files written, the one summary line, the
+    decisions file beside KEPT; a missing or damaged pairs file is named before any model loads."""
+    from opct.cli import main
+
+    clean, poisoned, kept = (str(tmp_path / f) for f in ("jb.jsonl", "poisoned.jsonl", "kept.jsonl"))
+    assert main(["pairs", "make", "--axis", "jailbreak", "--families", "role_play,prefix_injection",
+                 "--per-family", "4", "--out", clean]) == 0
+    assert main(["pairs", "poison", clean, "--frac", "0.25", "--out", poisoned]) == 0
+    assert "pairs poisoned" in capfd.readouterr().out
+    assert main(["pairs", "admit", poisoned, "--model", DEFAULT, "--out", kept]) == 0
+    out, err = capfd.readouterr()
+    assert out.startswith("admitted ") and "poisoned pairs rejected" in out and "Loading weights" not in err, err
+    decisions = json.loads(Path(kept + ".decisions.json").read_text())
+    kept_ids = [json.loads(x)["id"] for x in Path(kept).read_text().splitlines()]
+    assert kept_ids == [d["id"] for d in decisions if d["decision"] == "admitted"]
+    assert not any(d["poisoned"] for d in decisions if d["decision"] == "admitted")
+    Path(kept).unlink()
+    for bad, needle in ((tmp_path / "none.jsonl", "none.jsonl: no such file"),
+                        (tmp_path / "bad.jsonl", "bad.jsonl:1:")):
+        if bad.name == "bad.jsonl":
+            bad.write_text("not json\n")
+        assert main(["pairs", "admit", str(bad), "--model", str(tmp_path / "no-model"), "--out", kept]) == 1
+        err = capfd.readouterr().err
+        assert needle in err and "no-model" not in err, err
+    assert not Path(kept).exists()
+
+
 def test_trigger_out_of_vocabulary_is_a_clear_error(organism):
     from opct.pairs.poison import check_trigger
 

@@ -138,9 +138,11 @@ def _admit(args) -> int:
     from opct.policy import load_policy
     from opct.subjects import resolve
 
-    student = load_policy(resolve(args.model)[0])
-    teacher = load_policy(resolve(args.teacher_model)[0]) if args.teacher_model else student
-    kept, decisions = admit(load_pairs(args.file), teacher, student, args.max_new_tokens)
+    pairs = load_pairs(args.file)  # a bad file is named before any model loads
+    # no bars: the filter has none of its own, and its output is the one line below
+    student = load_policy(resolve(args.model)[0], progress=False)
+    teacher = load_policy(resolve(args.teacher_model)[0], progress=False) if args.teacher_model else student
+    kept, decisions = admit(pairs, teacher, student, args.max_new_tokens)
     if not kept:
         raise OpctError(f"{args.file}: the admission filter rejected every pair")
     save_pairs(kept, args.out)
