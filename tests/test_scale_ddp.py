@@ -46,6 +46,8 @@ def spy(out, acc, model, policy, _save=loop._save_final):
 loop._save_final = spy
 for cfg in json.loads(sys.argv[1]):
     loop.train(TrainConfig(**cfg))
+from opct.train.sharded import end_processes
+end_processes()  # as `opct train` ends
 """
 
 

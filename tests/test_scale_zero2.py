@@ -51,6 +51,8 @@ for cfg in json.loads(sys.argv[1]):
     except OpctError as e:
         open(f"{cfg['out']}.error-{torch.distributed.get_rank()}", "w").write(str(e))
     ESTIMATORS["full"] = real
+from opct.train.sharded import end_processes
+end_processes()  # as `opct train` ends
 """
 
 

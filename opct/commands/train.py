@@ -34,8 +34,12 @@ def run(args) -> int:
     from opct.config import build_config
     from opct.train.config import TrainConfig
     from opct.train.loop import train
+    from opct.train.sharded import end_processes
 
     config = build_config(TrainConfig, args, args.config)
-    out = train(config)
+    try:
+        out = train(config)
+    finally:
+        end_processes()  # under `accelerate launch`: the process group torn down in order, error or not
     print(f"opct train: done; model in {out / 'final'}, metrics in {out / 'metrics.jsonl'}")
     return 0

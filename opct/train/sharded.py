@@ -241,3 +241,18 @@ def load_shard(shard: dict, accelerator, where: Path) -> None:
                             f"{tuple(part.shape)} (another model, LoRA rank or world size?)")
         part.data.copy_(saved)
     zero.optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def end_processes() -> None:
+    """Tear the process group down in order at the end of a launched run (what `opct train` does last, whether the
+    run finished or stopped on an error). Left to the interpreter's exit, the engine and the group are destroyed in
+    no particular order; a ZeRO-2 rank that stopped on an error (NaN steps) has been seen to abort there ("terminate
+    called without an active exception", exit -6) after writing everything. The run's own objects go first (cycles
+    through the error's traceback included), then the group, as torch asks (`destroy_process_group`)."""
+    import gc
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
