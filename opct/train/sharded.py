@@ -247,8 +247,10 @@ def end_processes() -> None:
     """Tear the process group down in order at the end of a launched run (what `opct train` does last, whether the
     run finished or stopped on an error). Left to the interpreter's exit, the engine and the group are destroyed in
     no particular order; a ZeRO-2 rank that stopped on an error (NaN steps) has been seen to abort there ("terminate
-    called without an active exception", exit -6) after writing everything. The run's own objects go first (cycles
-    through the error's traceback included), then the group, as torch asks (`destroy_process_group`)."""
+    called without an active exception", exit -6) after writing everything. Whatever of the run is no longer
+    referenced is collected first (from `opct train`'s `finally`, an error still in flight keeps its frames alive;
+    after a caught error, as in the test workers, they go too), then the group, as torch asks
+    (`destroy_process_group`). Whether this removes that abort is not proven: it was not reproduced on demand."""
     import gc
 
     import torch.distributed as dist
