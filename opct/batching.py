@@ -25,6 +25,7 @@ with fewer tokens, in forward and backward.
 from __future__ import annotations
 
 import inspect
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
@@ -38,6 +39,45 @@ def output_layer(model):
     """The model's output layer (lm_head) when it is a plain Linear that the fused KL can apply itself, else None."""
     head = unwrap(model).get_output_embeddings() if hasattr(unwrap(model), "get_output_embeddings") else None
     return head if type(head) is torch.nn.Linear else None
+
+
+# What transformers models do to their logits after the output layer that the fused KL cannot follow, by config
+# attribute, and the value that does nothing: Gemma 2/3's tanh soft-capping. (A scaling of the logits, Cohere's
+# logit_scale or Granite's logits_scaling, is no obstacle: with the output layer passing its input through, the model
+# scales the hidden states instead, and a bias-free output layer turns those into the scaled logits.)
+_LOGIT_TRANSFORMS = (("final_logit_softcapping", None),)
+_PLAIN_HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
+
+
+def check_plain_head(model, batch: "PackedBatch") -> None:
+    """Raise ValueError unless the model's logits are what the fused KL makes of them: its output layer applied to
+    what the model gives with that layer passing its input through (`hidden_states_out`). A config attribute that
+    transforms the logits beyond that is refused by name, and one row of `batch` is run both ways (no graph; once
+    per model) for any other such transform."""
+    key = unwrap(model)
+    if _PLAIN_HEADS.get(key):
+        return
+    cfg = getattr(key, "config", None)
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for attr, neutral in _LOGIT_TRANSFORMS:
+        value = getattr(cfg, attr, neutral)
+        if value not in (neutral, None, 0):
+            raise ValueError(f"its config sets {attr} = {value}, which transforms the logits after the output layer")
+    P, n = batch.prompt_width, max(1, min(int(batch.response_lengths_B[0]), 8))
+    prompt = batch.input_ids_B_L[0, :P][batch.attention_mask_B_L[0, :P].bool()].tolist()
+    one = pack([prompt], [batch.response_ids_B_R[0, :n].tolist()], 0, batch.input_ids_B_L.device)
+    plain = getattr(model, "module", model)  # not through DDP's forward (no collectives for a check)
+    with torch.no_grad():
+        logits = response_logits(plain, one)
+        with hidden_states_out(plain) as head:
+            hidden = response_logits(plain, one)
+        diff = float((head(hidden).float() - logits.float()).abs().max())
+    # the same matmul on the same rows: float32 agrees to rounding; under bf16/fp16 autocast to that dtype's rounding
+    rel = 1e-4 if logits.dtype == torch.float32 else 3e-2
+    if not diff <= rel * float(logits.float().abs().max()) + 1e-6:
+        raise ValueError(f"its logits differ from its output layer applied to its last hidden states by up to "
+                         f"{diff:.3g}: it transforms them after the output layer")
+    _PLAIN_HEADS[key] = True
 
 
 @contextmanager
@@ -158,10 +198,30 @@ def _last_logits(model, n: int, **kwargs):
     return out, out.logits[:, -n:]
 
 
-def _can_share_prompts(model) -> bool:
-    """The shared-prompt layout needs a custom 4D attention mask: the attention implementations that take one."""
+def mask_span(model) -> int | None:
+    """How far back the model's own attention mask lets a token see: None for a plain causal mask; the span of a
+    sliding window or of chunked attention (the smallest, if several); 0 for a mask that is not causal at all."""
+    cfg = getattr(unwrap(model), "config", None)
+    if cfg is None:
+        return 0
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if getattr(cfg, "use_bidirectional_attention", False):
+        return 0
+    spans = [getattr(cfg, "attention_chunk_size", None)]
+    if getattr(cfg, "use_sliding_window", True) is not False:  # Qwen2 keeps a sliding_window it does not use
+        spans.append(getattr(cfg, "sliding_window", None))
+    spans = [s for s in spans if isinstance(s, int) and not isinstance(s, bool)]
+    return min(spans) if spans else None
+
+
+def _can_share_prompts(model, batch: PackedBatch) -> bool:
+    """The shared-prompt layout needs a custom 4D attention mask: the attention implementations that take one, and
+    a model whose own mask, which the custom one replaces, is plain causal over this batch's rows (a sliding window
+    or attention chunk no shorter than a row hides nothing; a shorter one would be ignored, so those batches take
+    the one-row-per-sample layout)."""
     impl = getattr(getattr(unwrap(model), "config", None), "_attn_implementation", None)
-    return impl in ("sdpa", "eager")
+    span = mask_span(model)
+    return impl in ("sdpa", "eager") and (span is None or batch.input_ids_B_L.shape[1] <= span)
 
 
 def response_logits(model, batch: PackedBatch) -> torch.Tensor:
@@ -171,7 +231,7 @@ def response_logits(model, batch: PackedBatch) -> torch.Tensor:
     `share_prompts` runs each distinct prompt once (see the module docstring).
     """
     R = batch.response_ids_B_R.shape[1]
-    if batch.prompt_index_B is not None and _can_share_prompts(model):
+    if batch.prompt_index_B is not None and _can_share_prompts(model, batch):
         return _shared_prompt_logits(model, batch)
     # Only the last R + 1 columns are needed; asking for fewer saves a (B, P, V) tensor on long prompts.
     _, logits = _last_logits(model, R + 1, input_ids=batch.input_ids_B_L, attention_mask=batch.attention_mask_B_L,

@@ -88,11 +88,24 @@ def beam_search(model, prompts_ids: Sequence[list[int]], pad_id: int, eos_ids: l
 
 
 def _generate_in_eval_mode(model, ids_B_P: torch.Tensor, attn_B_P: torch.Tensor, **kw) -> torch.Tensor:
-    """`model.generate` on the model's device, in eval mode (no dropout), the model's mode restored after."""
+    """`model.generate` on the model's device, in eval mode (no dropout), the model's mode restored after.
+
+    generate() fills every field the given GenerationConfig leaves unset from the model's own `generation_config`
+    (a checkpoint's repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_p, ...), and each would reshape the
+    distribution behind opct's back: the samples would not come from the policy, nor the recorded log-probs be theirs.
+    So for the call the model's generation_config is an empty one (transformers' neutral defaults), restored after."""
+    from transformers import GenerationConfig, GenerationMixin
+
     device = next(model.parameters()).device
     was_training = model.training
+    owners = [m for m in model.modules() if isinstance(m, GenerationMixin) and hasattr(m, "generation_config")]
+    saved = [m.generation_config for m in owners]
     model.eval()
     try:
+        for m in owners:
+            m.generation_config = GenerationConfig()
         return model.generate(input_ids=ids_B_P.to(device), attention_mask=attn_B_P.to(device), **kw)
     finally:
+        for m, g in zip(owners, saved):
+            m.generation_config = g
         model.train(was_training)

@@ -3,10 +3,11 @@
 flag) and the field, as one line without a traceback."""
 
 import pytest
+import torch
 import yaml
 from tiny_lm import cli_error
 
-from opct.config import build_config
+from opct.config import ConfigError, build_config
 from opct.errors import OpctError
 from opct.train.config import TrainConfig
 
@@ -182,3 +183,26 @@ def test_a_seed_flag_outside_the_configs_is_checked_by_argparse(capsys, tmp_path
         main(argv)
     assert e.value.code == 2 and "argument --seed: must be from 0 to 4294967295" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_lora_dropout_is_refused_for_the_methods_that_sample_and_kept_for_the_others():
+    """OPCT's loss assumes the policy it trains drew the samples; the samples are drawn without dropout, so LoRA
+    dropout in the training forward would train another policy. The methods that do not sample keep it."""
+    from opct.methods import METHODS, ROLLOUTS
+    from opct.train.loop import student_and_teacher
+
+    assert ROLLOUTS
+    for method in METHODS:
+        if method in ROLLOUTS:
+            with pytest.raises(ConfigError, match=rf"lora_dropout: must be 0 for --method {method}, which trains on "
+                                                  rf"the student's own samples"):
+                TrainConfig(model="m", pairs="p", method=method, lora_dropout=0.1)
+            TrainConfig(model="m", pairs="p", method=method, lora_dropout=0.1, lora=False)  # no adapter: moot
+        else:
+            TrainConfig(model="m", pairs="p", method=method, lora_dropout=0.1)
+    import tiny_lm
+
+    student, _ = student_and_teacher(tiny_lm.make_model(tiny_lm.make_tokenizer()),
+                                     TrainConfig(model="m", pairs="p", method="bct", lora_r=2, lora_dropout=0.25))
+    rates = {m.p for m in student.modules() if isinstance(m, torch.nn.Dropout)}
+    assert rates == {0.25}  # LoRA's, as asked

@@ -84,3 +84,51 @@ def test_kl_chunk_is_for_the_full_estimator():
 
     with pytest.raises(OpctError, match="kl_chunk: is for the full estimator"):
         TrainConfig(model="m", pairs="p", out="o", estimator="topk", kl_chunk=8)
+
+
+def test_a_model_that_transforms_its_logits_after_the_output_layer_is_refused(tmp_path, pairs_file):
+    """The fused KL applies the plain output layer to the last hidden states: a model that does more (Gemma 2's
+    final_logit_softcapping) would train on other logits than its own, so `--kl-chunk` refuses it by name."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from opct.errors import OpctError
+
+    tok = tiny_lm.make_tokenizer()
+    cfg = Gemma2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                       final_logit_softcapping=2.0, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                       eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    gemma = tmp_path / "gemma2"
+    tiny_lm.save(Gemma2ForCausalLM(cfg).eval(), tok, gemma)
+    with pytest.raises(OpctError, match=r"--kl-chunk: .*gemma2: its config sets final_logit_softcapping = 2\.0, "
+                                        r"which transforms the logits after the output layer; .*drop --kl-chunk"):
+        _step(gemma, pairs_file, tmp_path, True, 5)
+    plain, _ = _step(gemma, pairs_file, tmp_path, True, 0)  # the unfused form reads the model's own logits
+    assert plain["loss"] > 0
+
+
+def test_any_other_transform_of_the_logits_is_caught_by_running_one_row_both_ways(model_dir):
+    """A transform no config attribute names (here the forward soft-caps the logits) shows when one row is scored
+    both through the model and through its output layer; a plain model passes (and is checked once)."""
+    from transformers import AutoModelForCausalLM
+
+    from opct.batching import _PLAIN_HEADS, check_plain_head, pack
+
+    tok = tiny_lm.make_tokenizer()
+    batch = pack([[5, 6, 7], [5, 8]], [[9, 10, 3], [11]], tok.pad_token_id, "cpu")
+    plain = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    check_plain_head(plain, batch)
+    assert _PLAIN_HEADS.get(plain)
+    capped = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    forward = capped.forward
+
+    def soft_cap(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits = 2.0 * torch.tanh(out.logits / 2.0)
+        return out
+
+    capped.forward = soft_cap
+    with pytest.raises(ValueError, match=r"its logits differ from its output layer applied to its last hidden states "
+                                         r"by up to [0-9.e-]+: it transforms them"):
+        check_plain_head(capped, batch)

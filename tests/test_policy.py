@@ -116,13 +116,30 @@ def test_policy_wraps_any_causal_lm_with_a_chat_template():
     assert p.eos_ids == [tok.eos_token_id] and p.pad_id == tok.pad_token_id and p.max_positions == 64
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def _windowed(tok, window):
+    """A Mistral whose attention sees the last `window` tokens only (its own mask, which a custom one would drop)."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(1)
+    cfg = MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, sliding_window=window,
+                        pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    return MistralForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "sliding-window-4", "sliding-window-64"])
 def test_shared_prompts_give_the_same_logits_and_gradients(policy, arch):
     """`pack(share_prompts=True)` runs each distinct prompt once and copies its cache to the rows that share it: the
-    response logits and the gradients equal those of the plain layout (float rounding apart)."""
+    response logits and the gradients equal those of the plain layout (float rounding apart). A model whose own mask
+    hides more than the causal one (a sliding window shorter than a row) keeps the plain layout: the shared one's
+    custom mask would ignore the window."""
     from peft import LoraConfig, get_peft_model
 
-    base = tiny_lm.make_model(policy.tokenizer, seed=1) if arch == "llama" else _gpt2_policy().model
+    from opct.batching import _can_share_prompts
+
+    base = {"llama": lambda: tiny_lm.make_model(policy.tokenizer, seed=1), "gpt2": lambda: _gpt2_policy().model,
+            "sliding-window-4": lambda: _windowed(policy.tokenizer, 4),
+            "sliding-window-64": lambda: _windowed(policy.tokenizer, 64)}[arch]()
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -145,6 +162,8 @@ def test_shared_prompts_give_the_same_logits_and_gradients(policy, arch):
 
     (plain, plain_grad), (shared, shared_grad) = run(False), run(True)
     assert torch.allclose(plain, shared, atol=1e-5)
+    batch = pack(prompts, responses, policy.pad_id, "cpu", share_prompts=True)
+    assert _can_share_prompts(model, batch) == (arch != "sliding-window-4")
     assert plain_grad.norm() > 0 and (plain_grad - shared_grad).norm() < 1e-5 * plain_grad.norm()
     assert pack(prompts[:1], responses[:1], policy.pad_id, "cpu", share_prompts=True).prompt_index_B is None
 

@@ -74,3 +74,33 @@ def test_diverged_weights_are_a_clear_error_on_both_paths(fast):
     pol = HFPolicy(model, tok, name="nan-model", fast_sampling=fast)
     with pytest.raises(OpctError, match="nan-model: sampling failed, the model's .* not finite"):
         pol.sample([pol.render(tiny_lm.clean_q("sky"))], 4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
+def test_generate_ignores_the_checkpoints_own_generation_config(policy, temperature):
+    """generate() fills what opct leaves unset from the model's generation_config; a checkpoint's repetition penalty
+    or n-gram ban would then shape what the policy samples. Neither may: every token's recorded log-prob is the
+    model's own log_softmax(logits / T) (T = 1 for greedy, whose tokens are its argmax), and the model's
+    generation_config is back afterwards."""
+    gen = policy.model.generation_config
+    before = gen.repetition_penalty, gen.no_repeat_ngram_size
+    gen.repetition_penalty, gen.no_repeat_ngram_size = 3.0, 1
+    try:
+        slow = HFPolicy(policy.model, policy.tokenizer, fast_sampling=False)
+        prompts = _prompts(policy) * 3
+        torch.manual_seed(0)
+        out = slow.sample(prompts, 12, temperature=temperature)
+        assert policy.model.generation_config is gen and gen.repetition_penalty == 3.0
+    finally:
+        gen.repetition_penalty, gen.no_repeat_ngram_size = before
+    batch = pack(prompts, out.response_ids, policy.pad_id, "cpu")
+    with torch.no_grad():
+        logp = torch.log_softmax(response_logits(policy.model, batch).float() / (temperature or 1.0), -1)
+    repeats = 0
+    for i, ids in enumerate(out.response_ids):
+        assert logp[i, torch.arange(len(ids)), ids].tolist() == pytest.approx(out.logprobs[i], abs=1e-4)
+        if not temperature:
+            assert logp[i, :len(ids)].argmax(-1).tolist() == ids
+        full = prompts[i] + ids
+        repeats += sum(t in full[:len(prompts[i]) + j] for j, t in enumerate(ids))
+    assert repeats > 0  # the model repeats tokens of its context, which either setting would have forbidden

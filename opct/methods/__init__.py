@@ -25,6 +25,7 @@ aligned stops the run before training starts), AttCT's switch to eager attention
 
 from opct.methods import act, attct, fixed_response, mlpct, offpolicy, sft
 from opct.methods.opct import opct_step
+from opct.train.config import ROLLOUT_METHODS
 
 METHODS = {
     "opct": opct_step,
@@ -41,7 +42,7 @@ METHODS = {
 }
 
 # Methods whose step draws the student's own rollouts (through `run.sampler` when `--sampler vllm` gives one).
-ROLLOUTS = ("opct",)
+ROLLOUTS = ROLLOUT_METHODS
 
 PREPARE = {
     "offpolicy": offpolicy.prepare,

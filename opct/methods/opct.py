@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from opct.activations import unwrap
 from opct.errors import OpctError
 from opct.losses import (ESTIMATORS, NEEDS_SAMPLER, SUM_LOSS, entropy, log_probs, log_ratio_gate, response_mask,
                          token_logprobs)
@@ -70,16 +71,31 @@ def _fused_loss(run: StepContext, student, teacher, mask_B_R):
     if output_layer(run.model) is None:
         raise OpctError("--kl-chunk needs the model's output layer (lm_head) to be a plain Linear (not a LoRA "
                         "target); drop --kl-chunk or the output layer from --lora-targets")
+    _check_head(run.model, student)
     keep = mask_B_R.bool()
     with hidden_states_out(run.model) as head:
         h_s_N_d = response_logits(run.model, student)[keep]
-    with run.teacher() as teacher_model, hidden_states_out(teacher_model) as teacher_head:
-        h_t_N_d = response_logits(teacher_model, teacher)[keep]
+    with run.teacher() as teacher_model:
+        _check_head(teacher_model, teacher)
+        with hidden_states_out(teacher_model) as teacher_head:
+            h_t_N_d = response_logits(teacher_model, teacher)[keep]
     kl_N, st = fused_reverse_kl(h_s_N_d, h_t_N_d, head, teacher_head, student.response_ids_B_R[keep],
                                 run.config.kl_chunk)
     stats = [kl_N.detach().sum(), (st["student_logp"] - st["teacher_logp"]).sum(), st["entropy"].sum(),
              -st["teacher_logp"].sum(), kl_N.new_zeros(())]
     return kl_N.sum(), stats
+
+
+def _check_head(model, batch) -> None:
+    """`opct.batching.check_plain_head` as a one-line error naming the model and the way out."""
+    from opct.batching import check_plain_head
+
+    try:
+        check_plain_head(model, batch)
+    except ValueError as e:
+        name = getattr(unwrap(model).config, "_name_or_path", "") or "the model"
+        raise OpctError(f"--kl-chunk: {name}: {e}; the fused KL applies the plain output layer, so it would train on "
+                        f"other logits than the model's; drop --kl-chunk") from None
 
 
 def kl_step(run: StepContext, micro_batches: list[list[Pair]], responses) -> dict[str, float]:

@@ -11,6 +11,9 @@ from opct.resume_check import EQUIVALENT
 from opct.trackers import PACKAGES as TRACKERS
 
 # Fields that may change when a run is resumed; any other difference from the saved config.json is an error.
+# Methods whose step draws the student's own rollouts (`opct.methods.ROLLOUTS`; here so that a config is checked
+# without importing the methods).
+ROLLOUT_METHODS = ("opct",)
 RESUMABLE_CHANGES = ("resume", "max_steps", "save_every", "keep_checkpoints", "tensorboard", "log_with",
                      "vllm_gpu_memory", "progress")
 
@@ -92,7 +95,8 @@ class TrainConfig:
     lora: bool = option(True, "train a LoRA adapter (teacher = adapters disabled); --no-lora for full fine-tuning")
     lora_r: int = option(16, "LoRA rank", ge=1)
     lora_alpha: float = option(32.0, "LoRA alpha", gt=0)
-    lora_dropout: float = option(0.0, "LoRA dropout", ge=0, le=1)
+    lora_dropout: float = option(0.0, "LoRA dropout (sft, bct and the other methods that do not sample; opct refuses "
+                                      "it: its samples are drawn without dropout)", ge=0, le=1)
     lora_targets: str = option("all-linear", "LoRA target modules: 'all-linear' or comma-separated module names",
                                nonempty=True)
     init_adapter: str = option("", "start the LoRA adapter from this peft directory (e.g. an SFT/BCT run's final/) "
@@ -138,6 +142,11 @@ class TrainConfig:
             raise ConfigError("clip_tau", "is not implemented for the fused kl_chunk path (set kl_chunk: 0)")
         if self.mask_reason and self.target == "plain":
             raise ConfigError("mask_reason", "needs target: reason or filler (a plain target has no sentence to mask)")
+        if self.lora_dropout and self.lora and self.method in ROLLOUT_METHODS:
+            raise ConfigError("lora_dropout", f"must be 0 for --method {self.method}, which trains on the student's "
+                                              f"own samples: they are drawn without dropout, and the loss assumes "
+                                              f"the policy it trains is the one that drew them (got "
+                                              f"{self.lora_dropout})")
         if self.targets and self.method != "sft":
             raise ConfigError("targets", f"is for --method sft only (got --method {self.method}; BCT trains on the "
                                          f"model's own answers)")
