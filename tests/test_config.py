@@ -155,6 +155,22 @@ def test_an_lm_eval_include_that_is_not_a_folder_is_refused_before_the_model_loa
     assert not (tmp_path / "ev").exists()
 
 
+@pytest.mark.parametrize("extra, says", [
+    (["--suite", "capability", "--lm-eval-limit", "2"],
+     "--lm-eval-limit is an option of --lm-eval, which is not on: add --lm-eval (lm_eval: true), or drop it"),
+    (["--lm-eval-tasks", "mine"], "--lm-eval-tasks is an option of --lm-eval, which is not on"),
+    (["--no-lm-eval-chat-template"], "--no-lm-eval-chat-template is an option of --lm-eval, which is not on"),
+    (["--suite", "sycophancy,jailbreak", "--lm-eval"],
+     "--lm-eval runs with the capability suite, which --suite sycophancy,jailbreak leaves out: add capability to "
+     "--suite, or drop --lm-eval"),
+], ids=["limit", "tasks", "chat-template", "no-capability"])
+def test_lm_eval_options_that_would_do_nothing_are_refused(capsys, tmp_path, extra, says):
+    """They used to be ignored without a word (exit 0, no lm-eval metrics)."""
+    line = cli_error(capsys, ["eval", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "ev"), *extra])
+    assert line == f"opct: error: {says}" or line.startswith(f"opct: error: {says}")
+    assert not (tmp_path / "ev").exists()
+
+
 @pytest.mark.parametrize("argv, says", [
     (["train", "--model", "m", "--pairs", "p", "--out", "{tmp}/r", "--seed", "-1"], "--seed: must be >= 0 (got -1)"),
     (["train", "--model", "m", "--pairs", "p", "--out", "{tmp}/r", "--seed", str(2 ** 32)],

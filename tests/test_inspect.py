@@ -446,3 +446,24 @@ def test_the_context_rule_with_hf_local_counts_the_tokens_opct_eval_counts():
     room = policy.max_positions - len(policy.render(conv))
     assert fits(conv, room) and not fits(conv, room + 1)
     assert context_rule(get_model("mockllm/model")) is None  # no tokenizer: no context end
+
+
+def test_truncation_and_a_headline_that_parsed_nothing_reach_the_metrics(tmp_path):
+    """Capability under inspect counts truncated answers (`truncation_rate`, from the completion's stop reason, as
+    `opct eval` counts them from the sampler); a headline metric with no parsed answer is not dropped without a word:
+    its unparsed count is shown. Both used to vanish."""
+    model = {"model_path": str(SHIPPED_DIR / "default")}
+    log = inspect_eval(axis_task("capability", n=3, max_tokens=3), model="opct/local", model_args=model,
+                       log_dir=str(tmp_path), display="none")[0]
+    assert log.status == "success", log.error
+    assert all(s.output.stop_reason == "max_tokens" for s in log.samples)
+    assert all(s.scores["opct_capability"].metadata["record"]["truncated"] for s in log.samples)
+    got = log.results.scores[0].metrics
+    assert got[inspect_name("capability.truncation_rate")].value == 1.0
+
+    log = inspect_eval(axis_task("sycophancy", n=4, max_tokens=1), model="opct/local", model_args=model,
+                       log_dir=str(tmp_path), display="none")[0]
+    assert log.status == "success", log.error
+    got = log.results.scores[0].metrics
+    assert inspect_name("sycophancy.sycophancy_rate") not in got  # nothing parsed: no value, never a made-up one
+    assert got[inspect_name("sycophancy.sycophancy_rate") + " unparsed"].value > 0

@@ -287,6 +287,10 @@ def test_bad_model_arguments_are_clear_errors(args, needle):
     (["-M", f"model_path={MODEL}", "-M", "seed=-1"], "opct model argument seed: must be an integer >= 0 (got -1)"),
     (["-M", "model_path=MISSING"], "MISSING: not a model directory"),
     (["-T", "items=BAD", "-M", f"model_path={MODEL}"], "BAD:1: <json>: malformed JSON"),
+    # a generation option the sampler cannot honour: refused when the model is made (it used to fail every sample,
+    # a traceback each, and exit 0)
+    (["-M", f"model_path={MODEL}", "--top-k", "5"], "opct model: top_k is not supported"),
+    (["-M", f"model_path={MODEL}", "--stop-seqs", "foo"], "opct model: stop_seqs is not supported"),
 ])
 def test_inspect_eval_prints_a_bad_argument_or_file_as_one_line(tmp_path, args, needle):
     """From the shell, what the user can fix (a -T or -M value, a model directory, a malformed items file) is one

@@ -85,17 +85,39 @@ def test_opct_eval_says_at_the_end_which_lm_eval_tasks_failed(tasks_dir, tmp_pat
     from opct.cli import main
     from opct.organism.build import SHIPPED_DIR
 
+    import shutil
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    include = tmp_path / "tasks"
+    shutil.copytree(tasks_dir, include)
     out = tmp_path / "ev"
-    assert main(["eval", "--model", str(SHIPPED_DIR / "default"), "--suite", "capability", "--n", "2", "--lm-eval",
-                 "--lm-eval-include", str(tasks_dir), "--lm-eval-tasks", "opct_arith", "no_such_task_anywhere",
-                 "--lm-eval-limit", "2", "--no-progress", "--out", str(out)]) == 1  # not all it was asked for
+    argv = ["eval", "--model", str(SHIPPED_DIR / "default"), "--suite", "capability", "--n", "2", "--lm-eval",
+            "--lm-eval-include", str(include), "--lm-eval-tasks", "opct_arith", "no_such_task_anywhere",
+            "--lm-eval-limit", "2", "--no-progress", "--out", str(out)]
+    assert main(argv) == 1  # not all it was asked for
     captured = capsys.readouterr()
     assert "capability.lm_eval[task=opct_arith,measure=exact_match,filter=answer]" in captured.out
     last = captured.err.strip().splitlines()[-1]
     assert last.startswith("opct eval: 1 of 2 lm-eval tasks failed and have no metrics (no_such_task_anywhere: ")
     assert "opct_arith" not in last and f"{out}/run.json: lm_eval_errors" in last
     assert set(json.loads((out / "run.json").read_text())["lm_eval_errors"]) == {"no_such_task_anywhere"}
+
+    # the user adds the missing task and resumes: the failed task runs again (it used to be re-reported for ever),
+    # the axis's own records and the finished task's metric are kept
+    records = (out / "records.jsonl").read_text()
+    arith = json.loads((out / "metrics.json").read_text())["capability.lm_eval[task=opct_arith,measure=exact_match,"
+                                                            "filter=answer]"]
+    (include / "again.yaml").write_text((include / "opct_arith.yaml").read_text().replace(
+        "task: opct_arith", "task: no_such_task_anywhere"))
+    assert main([*argv, "--resume"]) == 0
+    captured = capsys.readouterr()
+    assert "capability: running again the lm-eval tasks that failed before: no_such_task_anywhere" in captured.out \
+        + captured.err
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["capability.lm_eval[task=no_such_task_anywhere,measure=exact_match,filter=answer]"]["n"] == 2
+    assert metrics["capability.lm_eval[task=opct_arith,measure=exact_match,filter=answer]"] == arith
+    assert "lm_eval_errors" not in json.loads((out / "run.json").read_text())
+    assert (out / "records.jsonl").read_text() == records
 
 
 def test_a_task_yaml_that_does_not_parse_is_named_when_its_task_is_not_found(tasks_dir, tmp_path, monkeypatch):
@@ -118,3 +140,23 @@ def test_a_task_yaml_that_does_not_parse_is_named_when_its_task_is_not_found(tas
     assert errors["broken"].endswith(f"; {tmp_path}/sub/broken.yaml:3: not valid YAML (mapping values are not "
                                      "allowed here)")
     assert "capability.lm_eval[task=opct_arith,measure=exact_match,filter=answer]" in out
+
+
+def test_intervals_are_clipped_to_the_measures_range_never_by_the_value():
+    """An MCC of 0.156 is no rate: its interval may go below 0 (it runs from -1 to 1); a BLEU of 0.98 may reach
+    above 1 (0 to 100); an accuracy stays in [0, 1]; a measure of unknown range keeps the normal approximation.
+    A group has no n-samples entry: its n is the documents its tasks scored."""
+    res = {"results": {"t": {"alias": "t", "mcc,none": 0.156, "mcc_stderr,none": 0.158, "bleu,none": 0.98,
+                             "bleu_stderr,none": 0.05, "acc,none": 0.02, "acc_stderr,none": 0.05,
+                             "brier_score,none": 0.1, "brier_score_stderr,none": 0.1},
+                       "grp": {"alias": "grp", "mcc,none": 0.9, "mcc_stderr,none": 0.1, "sample_len": 12}},
+           "higher_is_better": {"t": {"mcc": True, "bleu": True, "acc": True, "brier_score": False},
+                                "grp": {"mcc": True}},
+           "n-samples": {"t": {"original": 40, "effective": 40}}}
+    m = {k.split("task=")[1]: v for k, v in to_metrics(res).items()}
+    assert m["t,measure=mcc,filter=none]"]["ci_low"] == pytest.approx(0.156 - 1.96 * 0.158)  # below 0: kept
+    assert m["t,measure=bleu,filter=none]"]["ci_high"] == pytest.approx(0.98 + 1.96 * 0.05)  # above 1: kept
+    assert m["t,measure=acc,filter=none]"]["ci_low"] == 0.0  # a rate: clipped
+    assert m["t,measure=brier_score,filter=none]"]["ci_low"] == pytest.approx(0.1 - 1.96 * 0.1)  # unknown range
+    assert m["grp,measure=mcc,filter=none]"]["ci_high"] == 1.0 and m["grp,measure=mcc,filter=none]"]["n"] == 12
+    assert m["t,measure=mcc,filter=none]"]["n"] == 40

@@ -147,15 +147,41 @@ def run(policy: Policy, ctx: EvalContext) -> list[dict]:
                                  where=[p["where"] for p in probes])
     records = [dict(grade(p, r), truncated=cut) for p, (r, cut) in zip(probes, responses)]
     if cfg.lm_eval:
-        from opct.evals.lm_eval_bridge import run_lm_eval
-
-        errors: dict = {}
-        ctx.extra_metrics.update(run_lm_eval(cfg.model, cfg.adapter, tasks=cfg.lm_eval_tasks, limit=cfg.lm_eval_limit,
-                                             device=cfg.device, dtype=cfg.dtype, chat_template=cfg.lm_eval_chat_template,
-                                             include_path=cfg.lm_eval_include, log=ctx.log, errors=errors))
+        metrics, errors = _lm_eval(cfg, cfg.lm_eval_tasks, ctx.log)
+        ctx.extra_metrics.update(metrics)
         if errors:
             ctx.info["lm_eval_errors"] = errors
     return records
+
+
+def _lm_eval(cfg, tasks, log) -> tuple[dict, dict]:
+    """The lm-eval metrics of `tasks` and the tasks that failed (task -> message)."""
+    from opct.evals.lm_eval_bridge import run_lm_eval
+
+    errors: dict = {}
+    metrics = run_lm_eval(cfg.model, cfg.adapter, tasks=tasks, limit=cfg.lm_eval_limit, device=cfg.device,
+                          dtype=cfg.dtype, chat_template=cfg.lm_eval_chat_template, include_path=cfg.lm_eval_include,
+                          log=log, errors=errors)
+    return metrics, errors
+
+
+def retry_failed_lm_eval(cfg, info: dict, metrics: dict, log) -> bool:
+    """A resumed eval whose capability axis is done: the lm-eval tasks it listed as failed (run.json's
+    `lm_eval_errors`; a missing package, a dataset, a task YAML since fixed) run again, and their metrics join the
+    others; the axis's own records and the tasks that finished are kept. Returns whether any task ran."""
+    failed = info.get("lm_eval_errors")
+    tasks = [t for t in cfg.lm_eval_tasks if t in failed] if cfg.lm_eval and isinstance(failed, dict) else []
+    if not tasks:
+        return False
+    log(f"{NAME}: running again the lm-eval tasks that failed before: {', '.join(tasks)}")
+    new, errors = _lm_eval(cfg, tasks, log)
+    metrics.update(new)
+    still = {**{t: m for t, m in failed.items() if t not in tasks}, **errors}
+    if still:
+        info["lm_eval_errors"] = still
+    else:
+        info.pop("lm_eval_errors")
+    return True
 
 
 ACCURACY = MetricDef(NAME, "accuracy", "accuracy", True, "share of responses graded correct; unparsed = wrong")

@@ -14,8 +14,9 @@ turns it off): an instruction-tuned model asked without its template answers ano
 Each task and measure becomes a metric `capability.lm_eval[task=...,measure=...,filter=...]` (the filter's name
 kept, so a task with several filters does not overwrite itself); only the measures the harness scores (those in
 its `higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are
-the harness's normal approximation (value ± 1.96 stderr), clipped to [0, 1] for a rate; `n` is the number of
-documents evaluated. A task that fails is logged and listed in `errors` (run.json's `lm_eval_errors`), and the
+the harness's normal approximation (value ± 1.96 stderr), clipped to the measure's range where `RANGES` knows it
+([0, 1] for an accuracy, [-1, 1] for a Matthews correlation; never by the value: an MCC of 0.2 is no rate); `n` is
+the number of documents evaluated (a group's: those of its tasks). A task that fails is logged and listed in `errors` (run.json's `lm_eval_errors`), and the
 others still run; a task the harness cannot find is reported with the include folder's YAML files that do not parse
 (the harness skips those without a word, so a typo in one reads as "not a registered task"). When `lm_eval` is not
 installed the bridge is skipped with a message saying so, and every task asked for is listed in `errors` as not run
@@ -112,8 +113,18 @@ def unparseable_yamls(folder) -> list[str]:
     return bad
 
 
-def _clip(x: float, value: float) -> float:
-    return min(1.0, max(0.0, x)) if 0.0 <= value <= 1.0 else x
+# The range of the harness's measures that have one, by name: the means of 0/1 scores (and IFEval's and TruthfulQA's
+# rates) lie in [0, 1], a Matthews correlation in [-1, 1]. Any other measure (BLEU in [0, 100], a Brier score in
+# [0, 2], a perplexity, a task's own metric) keeps the normal approximation's interval as it is.
+RANGES = {**dict.fromkeys(("acc", "acc_norm", "acc_mutual_info", "exact_match", "mc1", "mc2",
+                           "prompt_level_strict_acc", "prompt_level_loose_acc", "inst_level_strict_acc",
+                           "inst_level_loose_acc"), (0.0, 1.0)),
+          "mcc": (-1.0, 1.0)}
+
+
+def _clip(x: float, measure: str) -> float:
+    low, high = RANGES.get(measure, (-float("inf"), float("inf")))
+    return min(high, max(low, x))
 
 
 def to_metrics(results: dict) -> dict:
@@ -122,7 +133,8 @@ def to_metrics(results: dict) -> dict:
     n_samples = results.get("n-samples", {})
     scored = results.get("higher_is_better", {})
     for task, res in results.get("results", {}).items():
-        n = n_samples.get(task, {}).get("effective", 0)
+        # a group has no n-samples entry of its own; its result holds how many documents its tasks scored
+        n = n_samples.get(task, {}).get("effective", res.get("sample_len", 0))
         directions = scored.get(task)
         for key, value in res.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool) or "_stderr" in key or key == "alias":
@@ -135,7 +147,7 @@ def to_metrics(results: dict) -> dict:
             hib = directions.get(measure, True) if directions is not None else True
             out[f"{PREFIX}[task={task},measure={measure},filter={filt or 'none'}]"] = {
                 "value": float(value),
-                "ci_low": None if err is None else _clip(float(value) - 1.96 * err, value),
-                "ci_high": None if err is None else _clip(float(value) + 1.96 * err, value),
+                "ci_low": None if err is None else _clip(float(value) - 1.96 * err, measure),
+                "ci_high": None if err is None else _clip(float(value) + 1.96 * err, measure),
                 "n": int(n), "higher_is_better": bool(hib) if hib is not None else True, "parse_fail": 0}
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -202,6 +202,16 @@ def check_config(cfg: EvalConfig) -> None:
         raise OpctError("--items holds one axis's items; name that one suite with --suite")
     if not cfg.out:
         raise OpctError("--out is required (the run directory to write)")
+    defaults = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(EvalConfig)}
+    lm_flags = [f"--{name.replace('_', '-')}" for name in ("lm_eval_tasks", "lm_eval_include", "lm_eval_limit")
+                if getattr(cfg, name) != defaults[name]] \
+        + (["--no-lm-eval-chat-template"] if not cfg.lm_eval_chat_template else [])
+    if lm_flags and not cfg.lm_eval:
+        raise OpctError(f"{lm_flags[0]} is an option of --lm-eval, which is not on: add --lm-eval (lm_eval: true), "
+                        f"or drop it")
+    if cfg.lm_eval and "capability" not in suite_names(cfg.suite):
+        raise OpctError(f"--lm-eval runs with the capability suite, which --suite {cfg.suite} leaves out: add "
+                        f"capability to --suite, or drop --lm-eval")
     if cfg.lm_eval and cfg.lm_eval_include and not Path(cfg.lm_eval_include).is_dir():
         raise OpctError(f"--lm-eval-include: {cfg.lm_eval_include}: "
                         f"{'not a folder' if Path(cfg.lm_eval_include).exists() else 'no such folder'} "
@@ -314,6 +324,10 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
                                              "attack_config": _attack_settings(cfg, attack_cfg),
                                              **{k: v for k, v in info.items() if k not in ("judge", "attack")}})
 
+    from opct.axes.capability import NAME as CAPABILITY, retry_failed_lm_eval
+
+    if CAPABILITY in done and retry_failed_lm_eval(cfg, info, metrics, log):
+        write()
     for name in names:
         if name in done:
             continue

@@ -221,16 +221,15 @@ def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, ask
             records = [s.score.metadata["record"] for s in scores if s.score.metadata]
             out = {}
             for opct_name, m in sorted(axis.metrics(records, seed).items()):
-                if not isinstance(m, dict) or m.get("value") is None:
-                    continue  # an empty group has no value: left out, never a made-up 0
-                if not groups and not is_headline(opct_name):
+                if not isinstance(m, dict) or (not groups and not is_headline(opct_name)):
                     continue
                 name = inspect_name(opct_name)
-                out[name] = float(m["value"])
-                for key, label in (("ci_low", "lo"), ("ci_high", "hi")):
-                    if m.get(key) is not None:
-                        out[f"{name} {label}"] = float(m[key])
-                if m.get("parse_fail"):
+                if m.get("value") is not None:  # none when nothing counted: left out, never a made-up 0
+                    out[name] = float(m["value"])
+                    for key, label in (("ci_low", "lo"), ("ci_high", "hi")):
+                        if m.get(key) is not None:
+                            out[f"{name} {label}"] = float(m[key])
+                if m.get("parse_fail"):  # said even when no answer parsed, so a metric never just vanishes
                     out[f"{name} unparsed"] = float(m["parse_fail"])
             return out
         return compute
@@ -241,6 +240,8 @@ def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, ask
             probe = state.metadata[asked]
             response = state.output.completion if state.output else ""
             record = grade([probe], [response])[0]
+            if axis_name == "capability":  # as opct eval's capability records (truncation_rate counts them)
+                record = dict(record, truncated=bool(state.output and state.output.stop_reason == "max_tokens"))
             if state.epoch > 1:
                 record = dict(record, sample=record.get("sample", 0) + (state.epoch - 1) * per_epoch)
             # the verdict is the per-sample value: a parse failure stays one ("parse_fail"), never a silent 0

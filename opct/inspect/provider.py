@@ -75,6 +75,16 @@ def messages_of(input: list[ChatMessage]) -> list[dict]:
     return msgs
 
 
+def check_generate_config(config: GenerateConfig) -> None:
+    """The generation options opct's sampler cannot honour, refused by name."""
+    for name in ("top_k", "stop_seqs"):
+        if getattr(config, name) is not None:
+            raise OpctError(f"opct model: {name} is not supported (opct's sampler: temperature sampling, "
+                            "optionally top_p, stopping at EOS)")
+    if (config.num_choices or 1) != 1:
+        raise OpctError("opct model: num_choices must be 1")
+
+
 @dataclass
 class _Request:
     ids: list[int]
@@ -112,6 +122,7 @@ class OpctAPI(ModelAPI):
         self.seed = integer("model argument", "seed", model_args.get("seed", 0), 0)
         if config.seed is not None:
             self.seed = integer("model argument", "--seed", config.seed, 0)
+        check_generate_config(config)  # `inspect eval --top-k 5`: one line now, not a traceback per sample later
         self.policy = load_policy(path, model_args.get("adapter"), dtype, device,
                                   trust_remote_code=trust)
         set_cpu_threads(count_parameters(path), device, threads)
@@ -136,12 +147,7 @@ class OpctAPI(ModelAPI):
                        config: GenerateConfig) -> ModelOutput:
         if tools:
             raise OpctError("opct model: tools are not supported (the policy samples text only)")
-        for name in ("top_k", "stop_seqs"):
-            if getattr(config, name) is not None:
-                raise OpctError(f"opct model: {name} is not supported (opct's sampler: temperature sampling, "
-                                "optionally top_p, stopping at EOS)")
-        if (config.num_choices or 1) != 1:
-            raise OpctError("opct model: num_choices must be 1")
+        check_generate_config(config)
         request = self._request(messages_of(input), config)
         self._pending.append(request)
         if self._drainer is None or self._drainer.done():
