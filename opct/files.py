@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import tempfile
@@ -157,6 +158,15 @@ def read_json(path, what: str = "<json>"):
         raise DataError(path, e.lineno, what, f"not valid JSON: {e.msg} (column {e.colno})") from None
     except RecursionError:
         raise DataError(path, 0, what, "nested too deeply to read") from None
+
+
+def sha256(path) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------ locks

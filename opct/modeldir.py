@@ -64,7 +64,18 @@ def check_model_dir(model_dir) -> None:
     if not (folder / "config.json").exists():
         raise OpctError(f"{folder}: not a model directory (no config.json); pass a directory written by "
                         f"save_pretrained")
+    _json_object(folder / "config.json", "model config")
     check_weights(folder)
+
+
+def _json_object(path: Path, what: str) -> dict:
+    """The JSON object in `path`; an OpctError naming the file when it is not one (malformed, a list, a string)."""
+    from opct.files import read_json
+
+    data = read_json(path, what)
+    if not isinstance(data, dict):
+        raise OpctError(f"{path}: not a {what} (expected a JSON object, got {type(data).__name__})")
+    return data
 
 
 def check_weights(model_dir) -> None:
@@ -80,6 +91,7 @@ def check_adapter(adapter_dir) -> None:
     folder = Path(adapter_dir)
     if not (folder / "adapter_config.json").is_file():
         raise OpctError(f"{folder}: not a peft adapter directory (no adapter_config.json)")
+    _json_object(folder / "adapter_config.json", "peft adapter config")
     weights = folder / "adapter_model.safetensors"
     if not weights.is_file():
         _refuse_pickles(folder, "the adapter")

@@ -87,6 +87,7 @@ class HFPolicy:
                 f"`tokenizer.chat_template` to a Jinja template and save it with `tokenizer.save_pretrained({name!r})` "
                 f"(or add a \"chat_template\" entry to its tokenizer_config.json)")
         self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.render([{"role": "user", "content": "?"}])  # a template that does not compile: said here, once
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos += gen_eos if isinstance(gen_eos, list) else ([gen_eos] if gen_eos is not None else [])
@@ -114,9 +115,18 @@ class HFPolicy:
     def render(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
         """Prompt ids through the chat template; a prompt ending in a prefill (`opct.pairs.schema.prefill_of`) ends
         with the prefill's tokens after the generation prompt."""
+        from jinja2 import TemplateError, TemplateSyntaxError
+
         from opct.pairs.schema import render_ids
 
-        return render_ids(self.tokenizer, messages, add_generation_prompt)
+        try:
+            return render_ids(self.tokenizer, messages, add_generation_prompt)
+        except TemplateSyntaxError as e:
+            raise OpctError(f"{self.name}: its chat template (chat_template.jinja or tokenizer_config.json's "
+                            f"chat_template) does not compile: line {e.lineno}: {e.message}") from None
+        except TemplateError as e:  # the template's own raise_exception, or an undefined it cannot render
+            raise OpctError(f"{self.name}: its chat template cannot render this prompt "
+                            f"({first_line(e, type(e).__name__)})") from None
 
     def check_fits(self, ids: Sequence[int], max_new_tokens: int, where: str) -> None:
         """Raise if a prompt plus `max_new_tokens` does not fit the model's context. `where` names the item."""
@@ -346,6 +356,10 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
         if "mismatched" in first:
             raise OpctError(f"{path / 'config.json'}: does not match the weights (tensor shapes differ)") from None
         raise OpctError(f"{path}: cannot load model or tokenizer ({first})") from None
+    except Exception as e:  # noqa: BLE001 - a config.json value the model cannot be built from (a string for a
+        # size, 0 heads, an unknown dtype: TypeError, ZeroDivisionError, AttributeError, hub validation errors)
+        raise OpctError(f"{path / 'config.json'}: the model cannot be built from it "
+                        f"({type(e).__name__}: {first_line(e, 'no message')})") from None
     check_loading_info(path, info)
     if adapter is not None:
         from peft import PeftModel

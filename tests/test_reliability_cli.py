@@ -164,6 +164,50 @@ def test_a_config_that_does_not_match_the_weights(model_copy, tmp_path, capsys, 
     assert f"{m / 'config.json'}: does not match the weights" in err and needle in err
 
 
+@pytest.mark.parametrize("edit, needle", [
+    (lambda cfg: [1, 2], "config.json: not a model config (expected a JSON object, got list)"),
+    (lambda cfg: "str", "config.json: not a model config (expected a JSON object, got str)"),
+    (lambda cfg: {**cfg, "hidden_size": "abc"}, "config.json: the model cannot be built from it ("),
+    (lambda cfg: {**cfg, "vocab_size": None}, "config.json: the model cannot be built from it ("),
+    (lambda cfg: {**cfg, "num_attention_heads": 0}, "config.json: the model cannot be built from it ("),
+    (lambda cfg: {**cfg, "dtype": "float99"}, "config.json: the model cannot be built from it ("),
+], ids=["list", "string", "size-a-string", "vocab-null", "zero-heads", "unknown-dtype"])
+def test_a_config_the_model_cannot_be_built_from_is_one_line(model_copy, tmp_path, capsys, edit, needle):
+    """Each used to end in a traceback (TypeError, the hub's validation error, ZeroDivisionError, AttributeError)."""
+    m = model_copy()
+    (m / "config.json").write_text(json.dumps(edit(json.loads((m / "config.json").read_text()))))
+    err = cli_error(capsys, _eval(m, tmp_path / "e"))
+    assert err.startswith(f"opct: error: {m}/{needle}"), err
+
+
+def test_a_chat_template_that_does_not_compile_or_an_adapter_config_that_is_no_object(model_copy, tmp_path, capsys):
+    m = model_copy()
+    config = json.loads((m / "tokenizer_config.json").read_text())
+    template = m / "chat_template.jinja"
+    saved = template.read_text() if template.exists() else config.get("chat_template")
+    if template.exists():
+        template.write_text("{{ garbage")
+    else:
+        (m / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ garbage"}))
+    err = cli_error(capsys, _eval(m, tmp_path / "e"))
+    assert err.startswith(f"opct: error: {m}: its chat template (chat_template.jinja or tokenizer_config.json's "
+                          f"chat_template) does not compile: line 1: "), err
+    if template.exists():
+        template.write_text(saved)
+    else:
+        (m / "tokenizer_config.json").write_text(json.dumps(config))
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapter = tmp_path / "adapter"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(m), LoraConfig(r=2, target_modules=["q_proj"])) \
+        .save_pretrained(adapter)
+    (adapter / "adapter_config.json").write_text("[]")
+    err = cli_error(capsys, _eval(m, tmp_path / "e2", "--adapter", str(adapter)))
+    assert err == f"opct: error: {adapter}/adapter_config.json: not a peft adapter config (expected a JSON object, " \
+                  f"got list)"
+
+
 def test_an_adapter_that_is_only_a_pickle_is_refused(model_copy, tmp_path, capsys):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

@@ -177,6 +177,62 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one_exactly(tmp_path, m
     assert "step-000003: adapter/adapter_model.safetensors is 100 bytes" in err
 
 
+@pytest.mark.parametrize("how", ["a-file", "unlistable"])
+def test_checkpoints_that_cannot_be_listed_stop_a_resume_before_it_touches_the_metrics(tmp_path, model_dir,
+                                                                                      pairs_file, capsys,
+                                                                                      monkeypatch, how):
+    """A checkpoints folder that cannot be listed (no permission; a file in its place) used to read as "no checkpoint
+    yet": the resume started the run over and deleted metrics.jsonl, with the checkpoints still there."""
+    out = tmp_path / "run"
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
+    before = (out / "metrics.jsonl").read_text()
+    ckpts = out / "checkpoints"
+    if how == "a-file":
+        shutil.move(ckpts, tmp_path / "aside")
+        ckpts.write_text("")
+        needle = f"{ckpts}: not a folder (where the run keeps its checkpoints)"
+    else:
+        listdir = os.listdir
+
+        def refuse(path="."):
+            if Path(path) == ckpts:
+                raise PermissionError(13, "Permission denied", str(path))
+            return listdir(path)
+
+        monkeypatch.setattr(os, "listdir", refuse)
+        needle = f"{ckpts}: cannot list the run's checkpoints (Permission denied)"
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, out, "--max-steps", "3", "--resume"))
+    assert err == f"opct: error: {needle}" or err.startswith(f"opct: error: {needle}"), err
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+def test_a_resume_refuses_a_pairs_file_whose_contents_changed(tmp_path, model_dir, capsys):
+    """Only the path used to be compared: new pairs at the old path made one run of two data sets, silently."""
+    pairs, out = tiny_lm.write_pairs(tmp_path / "p.jsonl"), tmp_path / "run"
+    assert main(_train_args(model_dir, pairs, out, "--max-steps", "2", "--save-every", "1")) == 0
+    assert json.loads((out / "inputs.json").read_text())["pairs"] == __import__("hashlib").sha256(
+        pairs.read_bytes()).hexdigest()
+    original = pairs.read_text()
+    pairs.write_text("".join(reversed(original.splitlines(keepends=True))))
+    err = cli_error(capsys, _train_args(model_dir, pairs, out, "--max-steps", "3", "--resume"))
+    assert err == (f"opct: error: {out}: cannot resume: --pairs {pairs} holds other contents than when the run "
+                   f"started (its SHA-256 differs from {out / 'inputs.json'}'s); resuming would mix two data sets in "
+                   f"one run: put the original back, or start a new run")
+    pairs.write_text(original)
+    assert main(_train_args(model_dir, pairs, out, "--max-steps", "3", "--resume")) == 0
+
+
+def test_a_state_json_whose_manifest_is_garbled_is_damage(tmp_path, model_dir, pairs_file, capsys):
+    out = tmp_path / "run"
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
+    state = out / "checkpoints" / "step-000002" / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "files": "x"}))
+    capsys.readouterr()
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "3", "--resume")) == 0
+    err = capsys.readouterr().err
+    assert "state.json's files is not a manifest" in err and "resumed from step-000001 instead" in err
+
+
 def test_a_disk_that_fills_up_during_training_damages_nothing(small_disk, model_dir, pairs_file, capsys):
     out = small_disk / "run"
     args = _train_args(model_dir, pairs_file, out, "--save-every", "1", "--resume")

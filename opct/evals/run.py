@@ -209,7 +209,9 @@ def check_config(cfg: EvalConfig) -> None:
     if lm_flags and not cfg.lm_eval:
         raise OpctError(f"{lm_flags[0]} is an option of --lm-eval, which is not on: add --lm-eval (lm_eval: true), "
                         f"or drop it")
-    if cfg.lm_eval and "capability" not in suite_names(cfg.suite):
+    from opct.axes.capability import NAME as CAPABILITY
+
+    if cfg.lm_eval and CAPABILITY not in suite_names(cfg.suite):
         raise OpctError(f"--lm-eval runs with the capability suite, which --suite {cfg.suite} leaves out: add "
                         f"capability to --suite, or drop --lm-eval")
     if cfg.lm_eval and cfg.lm_eval_include and not Path(cfg.lm_eval_include).is_dir():

@@ -167,6 +167,7 @@ def _flag(name, v) -> bool:
 
 def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:
     from opct.axes import get
+    from opct.axes.capability import NAME as CAPABILITY
 
     axis = get(axis_name)
     if prompt_side not in ("student", "teacher"):
@@ -212,6 +213,7 @@ def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, ask
     that metrics pairing records by (item, sample), sycophancy's clean-vs-biased, pair them within one epoch. The
     bootstrap resamples by item, so an item's epochs move together."""
     from opct.axes import get
+    from opct.axes.capability import NAME as CAPABILITY
 
     axis = get(axis_name)
 
@@ -240,7 +242,7 @@ def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, ask
             probe = state.metadata[asked]
             response = state.output.completion if state.output else ""
             record = grade([probe], [response])[0]
-            if axis_name == "capability":  # as opct eval's capability records (truncation_rate counts them)
+            if axis_name == CAPABILITY:  # as opct eval's capability records (truncation_rate counts them)
                 record = dict(record, truncated=bool(state.output and state.output.stop_reason == "max_tokens"))
             if state.epoch > 1:
                 record = dict(record, sample=record.get("sample", 0) + (state.epoch - 1) * per_epoch)

@@ -22,7 +22,6 @@ with an error naming each checkpoint and what is wrong with it.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import shutil
@@ -43,29 +42,34 @@ def write_json_atomic(path, obj) -> None:
     files.write_json_atomic(path, obj, indent=2, sort_keys=True)
 
 
+def _entries(run_dir) -> list[Path]:
+    """The checkpoint directories under RUN/checkpoints (none when it does not exist). One that cannot be listed is
+    an OpctError: read as "no checkpoint", it would have a resume start the run over and drop its metrics."""
+    root = Path(run_dir) / "checkpoints"
+    if not os.path.lexists(root):
+        return []
+    if not root.is_dir():
+        raise OpctError(f"{root}: not a folder (where the run keeps its checkpoints); move it aside and resume")
+    try:
+        names = os.listdir(root)
+    except OSError as e:
+        raise OpctError(f"{root}: cannot list the run's checkpoints ({e.strerror or first_line(e)})") from None
+    return sorted(root / n for n in names if n.startswith(PREFIX))
+
+
 def checkpoints(run_dir) -> list[Path]:
     """Every checkpoint directory of a run, oldest first (complete or not; not the temporary or damaged ones)."""
-    root = Path(run_dir) / "checkpoints"
-    return sorted(root.glob(f"{PREFIX}*")) if root.is_dir() else []
+    return _entries(run_dir)
 
 
 def latest_checkpoint(run_dir) -> Path | None:
-    root = Path(run_dir) / "checkpoints"
-    done = sorted(p for p in root.glob(f"{PREFIX}*") if (p / "state.json").exists()) if root.exists() else []
+    done = [p for p in _entries(run_dir) if (p / "state.json").exists()]
     return done[-1] if done else None
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _manifest(folder: Path) -> dict:
     """{relative path: {"bytes", "sha256"}} of every file in a checkpoint but state.json."""
-    return {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    return {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": files.sha256(p)}
             for p in sorted(folder.rglob("*")) if p.is_file() and p.name != "state.json"}
 
 
@@ -154,6 +158,8 @@ def _read(path: Path, accelerator) -> dict:
     """Everything in checkpoint `path`, read into memory and checked; raises _Damaged saying what is wrong."""
     from safetensors.torch import load_file
 
+    if not os.access(path / "state.json", os.R_OK) and (path / "state.json").exists():
+        raise OpctError(f"{path / 'state.json'}: permission denied (the checkpoint is there, but cannot be read)")
     try:
         state = files.read_json(path / "state.json", "state")
     except OpctError as e:
@@ -170,13 +176,17 @@ def _read(path: Path, accelerator) -> dict:
         said = lambda m: "without sharding" if m is None else f"DeepSpeed ZeRO-{m.get('zero_stage')}"  # noqa: E731
         raise OpctError(f"{path}: written {said(state.get('sharding'))}, resumed {said(now)}; resume with the same "
                         f"launch (its optimizer state is laid out for it)")
-    for name, want in state.pop("files", {}).items():  # checkpoints from before the manifest have none
+    manifest = state.pop("files", {})  # checkpoints from before the manifest have none
+    if not isinstance(manifest, dict) or not all(isinstance(w, dict) and isinstance(w.get("bytes"), int)
+                                                 and isinstance(w.get("sha256"), str) for w in manifest.values()):
+        raise _Damaged("state.json's files is not a manifest (file -> bytes and sha256)")
+    for name, want in manifest.items():
         f = path / name
         if not f.is_file():
             raise _Damaged(f"{name} is missing")
         if f.stat().st_size != want["bytes"]:
             raise _Damaged(f"{name} is {f.stat().st_size} bytes, {want['bytes']} were written (truncated?)")
-        if _sha256(f) != want["sha256"]:
+        if files.sha256(f) != want["sha256"]:
             raise _Damaged(f"{name} does not match its recorded SHA-256 (garbled)")
     out = {"state": state}
     try:
@@ -196,6 +206,9 @@ def _read(path: Path, accelerator) -> dict:
             out[key] = torch.load(path / name, map_location="cpu" if key != "rng" else None, weights_only=True)
     except _Damaged:
         raise
+    except PermissionError as e:  # not damage: the file is there, the user can give it back its permissions
+        raise OpctError(f"{e.filename or path}: permission denied (the checkpoint is there, but cannot be "
+                        f"read)") from None
     except Exception as e:  # noqa: BLE001 - whatever the readers raise on a broken file (OSError, pickle, zip, ...)
         raise _Damaged(f"{type(e).__name__}: {first_line(e, 'unreadable')}") from None
     return out

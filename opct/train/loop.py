@@ -33,7 +33,7 @@ from opct import cpu_matmul, files
 from opct.config import require
 from opct.errors import OpctError, first_line
 from opct.pairs.schema import Pair, load_pairs
-from opct.policy import HFPolicy, load_policy
+from opct.policy import HFPolicy, hf_progress_bars, load_policy
 from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, save_checkpoint, write_failed)
 from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
@@ -199,7 +199,7 @@ def _trackers(config: TrainConfig) -> list[str]:
 def train(config: TrainConfig) -> Path:
     """Run `config.method` for `config.max_steps` optimizer steps; return the run directory. The run directory is
     locked for the duration (`opct.files.dir_lock`): a second process training into it is refused."""
-    with ExitStack() as held:
+    with ExitStack() as held, hf_progress_bars(config.progress):  # --no-progress: nor transformers' saving bars
         return _train(config, held)
 
 

