@@ -250,6 +250,28 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _strict_yaml(text: str, path: Path):
+    """yaml.safe_load, but a key set twice in one mapping is an OpctError naming both lines (YAML keeps the last one
+    without a word, so a second `lr:` further down would silently win)."""
+    import yaml
+
+    class _Strict(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        lines: dict = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in lines:
+                raise OpctError(f"{path}:{line}: {key} is set twice (first on line {lines[key]}); keep one")
+            lines[key] = line
+        return loader.construct_mapping(node, deep=deep)
+
+    _Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return yaml.load(text, Loader=_Strict)  # noqa: S506 - a SafeLoader
+
+
 def load_config_file(path) -> dict:
     path = Path(path)
     if not path.exists():
@@ -257,14 +279,12 @@ def load_config_file(path) -> dict:
     if path.is_dir():
         raise OpctError(f"{path}: is a directory, not a config file")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (some Windows editors write one) is dropped
     except UnicodeDecodeError as e:
         raise OpctError(f"{path}: not UTF-8 text (byte {e.start})") from None
     try:
         if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
+            data = _strict_yaml(text, path)
             if data is None:  # nothing but blanks and comments: a mistake more likely than "every default"
                 raise OpctError(f"{path}: holds no settings (empty, or comments only); leave the file out to use "
                                 "the defaults")

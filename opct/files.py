@@ -140,9 +140,10 @@ def read_appended_jsonl(path) -> list[tuple[int, object]]:
 # ------------------------------------------------------------------------------------------------ reading
 
 def read_text(path) -> str:
-    """The UTF-8 text of `path`; any problem reading it is an OpctError naming the file."""
+    """The UTF-8 text of `path` (a leading byte-order mark dropped); any problem reading it is an OpctError naming
+    the file."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise OpctError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except OSError as e:

@@ -222,3 +222,28 @@ def test_lora_dropout_is_refused_for_the_methods_that_sample_and_kept_for_the_ot
                                      TrainConfig(model="m", pairs="p", method="bct", lora_r=2, lora_dropout=0.25))
     rates = {m.p for m in student.modules() if isinstance(m, torch.nn.Dropout)}
     assert rates == {0.25}  # LoRA's, as asked
+
+
+def test_a_key_set_twice_in_a_yaml_config_is_refused_and_a_byte_order_mark_is_read_past(tmp_path, capsys):
+    """YAML keeps the last of two equal keys without a word (a second `lr:` further down silently won); a file a
+    Windows editor saved with a byte-order mark reads as without one, as a config, a pairs file or a JSON file."""
+    import tiny_lm
+
+    from opct.config import load_config_file
+    from opct.files import read_json
+    from opct.pairs.schema import load_pairs
+
+    twice = _yaml(tmp_path, "twice.yaml", "lr: 0.1\nmax_steps: 2\ntrain:\n  a: 1\nlr: 0.5\n")
+    line = cli_error(capsys, ["train", "--config", twice, "--model", "m", "--pairs", "p", "--out", str(tmp_path / "r")])
+    assert line == f"opct: error: {twice}:5: lr is set twice (first on line 1); keep one"
+    nested = _yaml(tmp_path, "nested.yaml", "kind: robustness\ntrain:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(OpctError, match=r"nested.yaml:4: lr is set twice \(first on line 3\)"):
+        load_config_file(nested)
+    bom = tmp_path / "bom.yaml"
+    bom.write_bytes(b"\xef\xbb\xbf" + b"lr: 0.25\nmodel: m\npairs: p\n")
+    assert load_config_file(bom) == {"lr": 0.25, "model": "m", "pairs": "p"}
+    pairs = tiny_lm.write_pairs(tmp_path / "p.jsonl")
+    pairs.write_bytes(b"\xef\xbb\xbf" + pairs.read_bytes())
+    assert len(load_pairs(pairs)) == len(tiny_lm.make_pairs())
+    (tmp_path / "c.json").write_bytes(b"\xef\xbb\xbf" + b'{"a": 1}')
+    assert read_json(tmp_path / "c.json") == {"a": 1}

@@ -16,11 +16,12 @@ kept, so a task with several filters does not overwrite itself); only the measur
 its `higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are
 the harness's normal approximation (value ± 1.96 stderr), clipped to the measure's range where `RANGES` knows it
 ([0, 1] for an accuracy, [-1, 1] for a Matthews correlation; never by the value: an MCC of 0.2 is no rate); `n` is
-the number of documents evaluated (a group's: those of its tasks). A task that fails is logged and listed in `errors` (run.json's `lm_eval_errors`), and the
-others still run; a task the harness cannot find is reported with the include folder's YAML files that do not parse
-(the harness skips those without a word, so a typo in one reads as "not a registered task"). When `lm_eval` is not
-installed the bridge is skipped with a message saying so, and every task asked for is listed in `errors` as not run
-(so `opct eval` exits 1 and an experiment's report lists them); it never stops the run.
+the number of documents evaluated (a group's: those of its tasks). A task that fails is logged and listed in
+`errors` (run.json's `lm_eval_errors`; a resumed eval runs it again), and the others still run; a task the harness
+cannot find is reported with the include folder's YAML files that do not parse (the harness skips those without a
+word, so a typo in one reads as "not a registered task"). When `lm_eval` is not installed the bridge is skipped with
+a message saying so, and every task asked for is listed in `errors` as not run (so `opct eval` exits 1 and an
+experiment's report lists them); it never stops the run.
 """
 
 from __future__ import annotations

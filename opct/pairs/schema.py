@@ -164,7 +164,7 @@ def read_jsonl(path) -> Iterable[tuple[int, dict]]:
     with open(path, "rb") as f:
         for n, raw_bytes in enumerate(f, start=1):
             try:
-                raw = raw_bytes.decode("utf-8")
+                raw = raw_bytes.decode("utf-8-sig" if n == 1 else "utf-8")  # a byte-order mark is dropped
             except UnicodeDecodeError as e:
                 raise DataError(path, n, "<text>", f"not UTF-8 (byte {e.start} of the line)") from None
             if not raw.strip():
