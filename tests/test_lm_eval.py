@@ -160,3 +160,46 @@ def test_intervals_are_clipped_to_the_measures_range_never_by_the_value():
     assert m["t,measure=brier_score,filter=none]"]["ci_low"] == pytest.approx(0.1 - 1.96 * 0.1)  # unknown range
     assert m["grp,measure=mcc,filter=none]"]["ci_high"] == 1.0 and m["grp,measure=mcc,filter=none]"]["n"] == 12
     assert m["t,measure=mcc,filter=none]"]["n"] == 40
+
+
+def test_a_run_killed_between_lm_eval_tasks_keeps_the_finished_ones(tasks_dir, tmp_path, monkeypatch, capsys):
+    """Each finished task's metrics are kept (RUN/lm_eval_partial.json) until the axis ends: killed during the
+    second task, the rerun runs only that one, and the first task's metric is the one measured before the kill."""
+    import shutil
+
+    from lm_eval import evaluator
+
+    from opct.cli import main
+    from opct.organism.build import SHIPPED_DIR
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    include = tmp_path / "tasks"
+    shutil.copytree(tasks_dir, include)
+    (include / "second.yaml").write_text((include / "opct_arith.yaml").read_text().replace(
+        "task: opct_arith", "task: second_arith"))
+    out = tmp_path / "ev"
+    argv = ["eval", "--model", str(SHIPPED_DIR / "default"), "--suite", "capability", "--n", "2", "--lm-eval",
+            "--lm-eval-include", str(include), "--lm-eval-tasks", "opct_arith", "second_arith",
+            "--lm-eval-limit", "2", "--no-progress", "--out", str(out)]
+    real, asked = evaluator.simple_evaluate, []
+
+    def killed_at_the_second(*args, tasks, **kwargs):
+        asked.append(tasks)
+        if tasks == ["second_arith"] and len(asked) == 2:
+            raise SystemExit(137)  # as a kill would end it (no `except Exception` catches it)
+        return real(*args, tasks=tasks, **kwargs)
+
+    monkeypatch.setattr(evaluator, "simple_evaluate", killed_at_the_second)
+    with pytest.raises(SystemExit):
+        main(argv)
+    kept = json.loads((out / "lm_eval_partial.json").read_text())
+    assert list(kept["tasks"]) == ["opct_arith"]
+    first = kept["tasks"]["opct_arith"]
+    capsys.readouterr()
+    rc = main([*argv, "--resume"] if (out / "run.json").exists() else argv)
+    assert rc == 0 and asked == [["opct_arith"], ["second_arith"], ["second_arith"]]  # the first task not again
+    assert "lm-eval tasks finished before the run stopped, kept: opct_arith" in capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert all(metrics[k] == v for k, v in first.items())
+    assert "capability.lm_eval[task=second_arith,measure=exact_match,filter=answer]" in metrics
+    assert not (out / "lm_eval_partial.json").exists()

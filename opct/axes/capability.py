@@ -154,14 +154,42 @@ def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     return records
 
 
+PARTIAL = "lm_eval_partial.json"  # in the eval's run directory, while its lm-eval tasks run
+
+
 def _lm_eval(cfg, tasks, log) -> tuple[dict, dict]:
-    """The lm-eval metrics of `tasks` and the tasks that failed (task -> message)."""
+    """The lm-eval metrics of `tasks` and the tasks that failed (task -> message). Each finished task's metrics are
+    kept in RUN/lm_eval_partial.json (with the settings they were measured under) until the axis ends, so a run
+    killed in a long task list and resumed runs only the tasks that had not finished."""
+    from pathlib import Path
+
     from opct.evals.lm_eval_bridge import run_lm_eval
+    from opct.files import read_json, write_json_atomic
+
+    settings = {k: str(getattr(cfg, k)) for k in ("model", "adapter", "lm_eval_limit", "lm_eval_chat_template",
+                                                 "lm_eval_include", "dtype", "device")}
+    path = Path(cfg.out) / PARTIAL if cfg.out else None
+    kept = read_json(path, "lm-eval partial results") if path is not None and path.is_file() else None
+    finished = kept["tasks"] if isinstance(kept, dict) and kept.get("settings") == settings \
+        and isinstance(kept.get("tasks"), dict) else {}
+    finished = {t: m for t, m in finished.items() if t in tasks and isinstance(m, dict)}
+    if finished:
+        log(f"{NAME}: lm-eval tasks finished before the run stopped, kept: {', '.join(finished)}")
+
+    def keep(task, metrics):
+        finished[task] = metrics
+        if path is not None:
+            write_json_atomic(path, {"settings": settings, "tasks": finished})
 
     errors: dict = {}
-    metrics = run_lm_eval(cfg.model, cfg.adapter, tasks=tasks, limit=cfg.lm_eval_limit, device=cfg.device,
-                          dtype=cfg.dtype, chat_template=cfg.lm_eval_chat_template, include_path=cfg.lm_eval_include,
-                          log=log, errors=errors)
+    metrics = {k: v for m in finished.values() for k, v in m.items()}
+    todo = [t for t in tasks if t not in finished]
+    if todo:
+        metrics.update(run_lm_eval(cfg.model, cfg.adapter, tasks=todo, limit=cfg.lm_eval_limit, device=cfg.device,
+                                   dtype=cfg.dtype, chat_template=cfg.lm_eval_chat_template,
+                                   include_path=cfg.lm_eval_include, log=log, errors=errors, on_task=keep))
+    if path is not None:
+        path.unlink(missing_ok=True)  # the axis's metrics are written next, with the others
     return metrics, errors
 
 

@@ -45,9 +45,10 @@ SKIP_MESSAGE = ("capability: lm-evaluation-harness bridge skipped: the `lm_eval`
 
 def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, batch_size: int | str = 8,
                 device: str = "cpu", dtype: str = "float32", chat_template: bool = True, include_path=None,
-                log=print, errors: dict | None = None) -> dict:
+                log=print, errors: dict | None = None, on_task=None) -> dict:
     """Run the tasks one by one; return opct metrics (empty, after logging `SKIP_MESSAGE`, when the harness is
-    missing). A task that raises is logged and recorded in `errors` (task -> message); the others still run."""
+    missing). A task that raises is logged and recorded in `errors` (task -> message); the others still run.
+    `on_task(task, metrics)` is called as each task finishes (to keep its metrics should the run be killed)."""
     if not available():
         log(SKIP_MESSAGE)
         if errors is not None:  # asked for and not run: said like a failure, so no report reads the absence as a pass
@@ -75,7 +76,10 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
             if errors is not None:
                 errors[task] = message
             continue
-        out.update(to_metrics(results))
+        done = to_metrics(results)
+        out.update(done)
+        if on_task is not None:
+            on_task(task, done)
     return out
 
 
