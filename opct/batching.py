@@ -49,6 +49,12 @@ _LOGIT_TRANSFORMS = (("final_logit_softcapping", None),)
 _PLAIN_HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, bool]" = weakref.WeakKeyDictionary()
 
 
+def _text_config(model):
+    """The model's config (a multimodal model's text part), or None."""
+    cfg = getattr(unwrap(model), "config", None)
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
 def check_plain_head(model, batch: "PackedBatch") -> None:
     """Raise ValueError unless the model's logits are what the fused KL makes of them: its output layer applied to
     what the model gives with that layer passing its input through (`hidden_states_out`). A config attribute that
@@ -57,8 +63,7 @@ def check_plain_head(model, batch: "PackedBatch") -> None:
     key = unwrap(model)
     if _PLAIN_HEADS.get(key):
         return
-    cfg = getattr(key, "config", None)
-    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    cfg = _text_config(model)
     for attr, neutral in _LOGIT_TRANSFORMS:
         value = getattr(cfg, attr, neutral)
         if value not in (neutral, None, 0):
@@ -201,10 +206,9 @@ def _last_logits(model, n: int, **kwargs):
 def mask_span(model) -> int | None:
     """How far back the model's own attention mask lets a token see: None for a plain causal mask; the span of a
     sliding window or of chunked attention (the smallest, if several); 0 for a mask that is not causal at all."""
-    cfg = getattr(unwrap(model), "config", None)
+    cfg = _text_config(model)
     if cfg is None:
         return 0
-    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     if getattr(cfg, "use_bidirectional_attention", False):
         return 0
     spans = [getattr(cfg, "attention_chunk_size", None)]

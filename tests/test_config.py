@@ -167,7 +167,7 @@ def test_an_lm_eval_include_that_is_not_a_folder_is_refused_before_the_model_loa
 def test_lm_eval_options_that_would_do_nothing_are_refused(capsys, tmp_path, extra, says):
     """They used to be ignored without a word (exit 0, no lm-eval metrics)."""
     line = cli_error(capsys, ["eval", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "ev"), *extra])
-    assert line == f"opct: error: {says}" or line.startswith(f"opct: error: {says}")
+    assert line.startswith(f"opct: error: {says}")
     assert not (tmp_path / "ev").exists()
 
 

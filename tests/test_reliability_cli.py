@@ -182,20 +182,13 @@ def test_a_config_the_model_cannot_be_built_from_is_one_line(model_copy, tmp_pat
 
 def test_a_chat_template_that_does_not_compile_or_an_adapter_config_that_is_no_object(model_copy, tmp_path, capsys):
     m = model_copy()
-    config = json.loads((m / "tokenizer_config.json").read_text())
-    template = m / "chat_template.jinja"
-    saved = template.read_text() if template.exists() else config.get("chat_template")
-    if template.exists():
-        template.write_text("{{ garbage")
-    else:
-        (m / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "{{ garbage"}))
+    template = m / "chat_template.jinja"  # where save_pretrained puts the tokenizer's template
+    saved = template.read_text()
+    template.write_text("{{ garbage")
     err = cli_error(capsys, _eval(m, tmp_path / "e"))
     assert err.startswith(f"opct: error: {m}: its chat template (chat_template.jinja or tokenizer_config.json's "
                           f"chat_template) does not compile: line 1: "), err
-    if template.exists():
-        template.write_text(saved)
-    else:
-        (m / "tokenizer_config.json").write_text(json.dumps(config))
+    template.write_text(saved)
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 

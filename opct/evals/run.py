@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from opct.config import SEED, ConfigError, option, validate
+from opct.config import SEED, ConfigError, defaults_of, option, validate
 from opct.errors import OpctError
 from opct.files import write_atomic, write_json_atomic
 from opct.trackers import PACKAGES as TRACKERS
@@ -202,7 +202,7 @@ def check_config(cfg: EvalConfig) -> None:
         raise OpctError("--items holds one axis's items; name that one suite with --suite")
     if not cfg.out:
         raise OpctError("--out is required (the run directory to write)")
-    defaults = {f.name: f.default if f.default is not MISSING else f.default_factory() for f in fields(EvalConfig)}
+    defaults = defaults_of(EvalConfig)
     lm_flags = [f"--{name.replace('_', '-')}" for name in ("lm_eval_tasks", "lm_eval_include", "lm_eval_limit")
                 if getattr(cfg, name) != defaults[name]] \
         + (["--no-lm-eval-chat-template"] if not cfg.lm_eval_chat_template else [])

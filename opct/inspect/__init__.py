@@ -167,7 +167,6 @@ def _flag(name, v) -> bool:
 
 def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:
     from opct.axes import get
-    from opct.axes.capability import NAME as CAPABILITY
 
     axis = get(axis_name)
     if prompt_side not in ("student", "teacher"):

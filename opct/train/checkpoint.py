@@ -42,9 +42,10 @@ def write_json_atomic(path, obj) -> None:
     files.write_json_atomic(path, obj, indent=2, sort_keys=True)
 
 
-def _entries(run_dir) -> list[Path]:
-    """The checkpoint directories under RUN/checkpoints (none when it does not exist). One that cannot be listed is
-    an OpctError: read as "no checkpoint", it would have a resume start the run over and drop its metrics."""
+def checkpoints(run_dir) -> list[Path]:
+    """Every checkpoint directory of a run, oldest first (complete or not; not the temporary or damaged ones); none
+    when RUN/checkpoints does not exist. One that cannot be listed is an OpctError: read as "no checkpoint", it would
+    have a resume start the run over and drop its metrics."""
     root = Path(run_dir) / "checkpoints"
     if not os.path.lexists(root):
         return []
@@ -57,13 +58,8 @@ def _entries(run_dir) -> list[Path]:
     return sorted(root / n for n in names if n.startswith(PREFIX))
 
 
-def checkpoints(run_dir) -> list[Path]:
-    """Every checkpoint directory of a run, oldest first (complete or not; not the temporary or damaged ones)."""
-    return _entries(run_dir)
-
-
 def latest_checkpoint(run_dir) -> Path | None:
-    done = [p for p in _entries(run_dir) if (p / "state.json").exists()]
+    done = [p for p in checkpoints(run_dir) if (p / "state.json").exists()]
     return done[-1] if done else None
 
 

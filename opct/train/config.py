@@ -10,10 +10,10 @@ from opct.config import SEED, ConfigError, option, validate
 from opct.resume_check import EQUIVALENT
 from opct.trackers import PACKAGES as TRACKERS
 
-# Fields that may change when a run is resumed; any other difference from the saved config.json is an error.
 # Methods whose step draws the student's own rollouts (`opct.methods.ROLLOUTS`; here so that a config is checked
 # without importing the methods).
 ROLLOUT_METHODS = ("opct",)
+# Fields that may change when a run is resumed; any other difference from the saved config.json is an error.
 RESUMABLE_CHANGES = ("resume", "max_steps", "save_every", "keep_checkpoints", "tensorboard", "log_with",
                      "vllm_gpu_memory", "progress")
 
