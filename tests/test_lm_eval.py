@@ -101,6 +101,14 @@ def test_opct_eval_says_at_the_end_which_lm_eval_tasks_failed(tasks_dir, tmp_pat
     assert last.startswith("opct eval: 1 of 2 lm-eval tasks failed and have no metrics (no_such_task_anywhere: ")
     assert "opct_arith" not in last and f"{out}/run.json: lm_eval_errors" in last
     assert set(json.loads((out / "run.json").read_text())["lm_eval_errors"]) == {"no_such_task_anywhere"}
+    # what each document was scored on: the prompt as sent (chat template applied), the response, target and score
+    samples = [json.loads(line) for line in (out / "lm_eval_samples" / "opct_arith.jsonl").read_text().splitlines()]
+    assert [s["doc_id"] for s in samples] == [0, 1] and {s["filter"] for s in samples} == {"answer"}
+    assert all(s["task"] == "opct_arith" and s["exact_match"] in (0.0, 1.0) and s["resps"][0][0] for s in samples)
+    assert sum(s["exact_match"] for s in samples) / 2 == json.loads((out / "metrics.json").read_text())[
+        "capability.lm_eval[task=opct_arith,measure=exact_match,filter=answer]"]["value"]
+    assert all("<|" in s["arguments"][0][0] for s in samples)  # the chat template's markers are in the prompt
+    assert not (out / "lm_eval_samples" / "no_such_task_anywhere.jsonl").exists()
 
     # the user adds the missing task and resumes: the failed task runs again (it used to be re-reported for ever),
     # the axis's own records and the finished task's metric are kept
@@ -118,6 +126,7 @@ def test_opct_eval_says_at_the_end_which_lm_eval_tasks_failed(tasks_dir, tmp_pat
     assert metrics["capability.lm_eval[task=opct_arith,measure=exact_match,filter=answer]"] == arith
     assert "lm_eval_errors" not in json.loads((out / "run.json").read_text())
     assert (out / "records.jsonl").read_text() == records
+    assert (out / "lm_eval_samples" / "no_such_task_anywhere.jsonl").read_text().count("\n") == 2
 
 
 def test_a_task_yaml_that_does_not_parse_is_named_when_its_task_is_not_found(tasks_dir, tmp_path, monkeypatch):

@@ -222,6 +222,58 @@ def test_a_resume_refuses_a_pairs_file_whose_contents_changed(tmp_path, model_di
     assert main(_train_args(model_dir, pairs, out, "--max-steps", "3", "--resume")) == 0
 
 
+def test_a_resume_refuses_a_model_whose_weights_changed(tmp_path, model_dir, pairs_file, capsys):
+    """The model used to be compared by path only: other weights at the old path continued the run on them, silently
+    (the LoRA adapter trained on one base, resumed on another)."""
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    out = tmp_path / "run"
+    assert main(_train_args(model, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
+    assert len(json.loads((out / "inputs.json").read_text())["model"]) == 64
+    weights = model / "model.safetensors"
+    original = weights.read_bytes()
+    tok = tiny_lm.make_tokenizer()
+    retrained = tiny_lm.save(tiny_lm.make_model(tok, seed=1), tok, tmp_path / "retrained") / "model.safetensors"
+    assert retrained.stat().st_size == len(original) and retrained.read_bytes() != original
+    shutil.copy(retrained, weights)
+    err = cli_error(capsys, _train_args(model, pairs_file, out, "--max-steps", "3", "--resume"))
+    assert err == (f"opct: error: {out}: cannot resume: --model {model} holds other contents than when the run "
+                   f"started (its SHA-256 differs from {out / 'inputs.json'}'s); resuming would mix two inputs in "
+                   f"one run: put the original back, or start a new run")
+    weights.write_bytes(original)
+    assert main(_train_args(model, pairs_file, out, "--max-steps", "3", "--resume")) == 0
+
+
+def test_a_resume_without_the_runs_config_is_refused(tmp_path, model_dir, pairs_file, capsys):
+    """With config.json gone, any hyperparameters used to continue the run."""
+    out = tmp_path / "run"
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
+    (out / "config.json").unlink()
+    before = (out / "metrics.jsonl").read_text()
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, out, "--max-steps", "3", "--resume", "--lr", "1"))
+    assert err.startswith(f"opct: error: {out / 'config.json'}: missing, though {out} holds checkpoints"), err
+    assert (out / "metrics.jsonl").read_text() == before and not (out / "config.json").exists()
+
+
+def test_a_large_file_is_fingerprinted_by_blocks(tmp_path, monkeypatch):
+    from opct import files
+
+    monkeypatch.setattr(files, "FINGERPRINT_WHOLE", 1 << 20)
+    path = tmp_path / "w.bin"
+    data = bytearray(os.urandom(9 << 20))
+    path.write_bytes(data)
+    first = files.fingerprint(path)
+    assert first.startswith("blocks:") and files.fingerprint(path) == first
+    sampled = (len(data) - (1 << 20)) * 32 // 65 + 5  # inside the 32nd of the blocks between
+    for where in (0, 1000, sampled, len(data) - 1):  # the first MiB, a block between, the last MiB
+        changed = bytearray(data)
+        changed[where] ^= 0xFF
+        path.write_bytes(changed)
+        assert files.fingerprint(path) != first, where
+    path.write_bytes(data + b"\0")
+    assert files.fingerprint(path) != first
+
+
 def test_a_state_json_whose_manifest_is_garbled_is_damage(tmp_path, model_dir, pairs_file, capsys):
     out = tmp_path / "run"
     assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0

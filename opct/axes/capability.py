@@ -160,10 +160,11 @@ PARTIAL = "lm_eval_partial.json"  # in the eval's run directory, while its lm-ev
 def _lm_eval(cfg, tasks, log) -> tuple[dict, dict]:
     """The lm-eval metrics of `tasks` and the tasks that failed (task -> message). Each finished task's metrics are
     kept in RUN/lm_eval_partial.json (with the settings they were measured under) until the axis ends, so a run
-    killed in a long task list and resumed runs only the tasks that had not finished."""
+    killed in a long task list and resumed runs only the tasks that had not finished; its documents, prompts,
+    responses and scores go to RUN/lm_eval_samples/TASK.jsonl."""
     from pathlib import Path
 
-    from opct.evals.lm_eval_bridge import run_lm_eval
+    from opct.evals.lm_eval_bridge import SAMPLES_DIR, run_lm_eval
     from opct.files import read_json, write_json_atomic
 
     settings = {k: str(getattr(cfg, k)) for k in ("model", "adapter", "lm_eval_limit", "lm_eval_chat_template",
@@ -187,7 +188,8 @@ def _lm_eval(cfg, tasks, log) -> tuple[dict, dict]:
     if todo:
         metrics.update(run_lm_eval(cfg.model, cfg.adapter, tasks=todo, limit=cfg.lm_eval_limit, device=cfg.device,
                                    dtype=cfg.dtype, chat_template=cfg.lm_eval_chat_template,
-                                   include_path=cfg.lm_eval_include, log=log, errors=errors, on_task=keep))
+                                   include_path=cfg.lm_eval_include, log=log, errors=errors, on_task=keep,
+                                   samples_dir=Path(cfg.out) / SAMPLES_DIR if cfg.out else None))
     if path is not None:
         path.unlink(missing_ok=True)  # the axis's metrics are written next, with the others
     return metrics, errors

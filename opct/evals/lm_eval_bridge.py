@@ -16,7 +16,8 @@ kept, so a task with several filters does not overwrite itself); only the measur
 its `higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are
 the harness's normal approximation (value ± 1.96 stderr), clipped to the measure's range where `RANGES` knows it
 ([0, 1] for an accuracy, [-1, 1] for a Matthews correlation; never by the value: an MCC of 0.2 is no rate); `n` is
-the number of documents evaluated (a group's: those of its tasks). A task that fails is logged and listed in
+the number of documents evaluated (a group's: those of its tasks). Each document's prompt (as sent), responses,
+target and scores go to `RUN/lm_eval_samples/TASK.jsonl` (`write_samples`). A task that fails is logged and listed in
 `errors` (run.json's `lm_eval_errors`; a resumed eval runs it again), and the others still run; a task the harness
 cannot find is reported with the include folder's YAML files that do not parse (the harness skips those without a
 word, so a typo in one reads as "not a registered task"). When `lm_eval` is not installed the bridge is skipped with
@@ -27,6 +28,8 @@ experiment's report lists them); it never stops the run.
 from __future__ import annotations
 
 import importlib.util
+import json
+import re
 from pathlib import Path
 
 from opct.errors import first_line
@@ -45,10 +48,11 @@ SKIP_MESSAGE = ("capability: lm-evaluation-harness bridge skipped: the `lm_eval`
 
 def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, batch_size: int | str = 8,
                 device: str = "cpu", dtype: str = "float32", chat_template: bool = True, include_path=None,
-                log=print, errors: dict | None = None, on_task=None) -> dict:
+                log=print, errors: dict | None = None, on_task=None, samples_dir=None) -> dict:
     """Run the tasks one by one; return opct metrics (empty, after logging `SKIP_MESSAGE`, when the harness is
     missing). A task that raises is logged and recorded in `errors` (task -> message); the others still run.
-    `on_task(task, metrics)` is called as each task finishes (to keep its metrics should the run be killed)."""
+    `on_task(task, metrics)` is called as each task finishes (to keep its metrics should the run be killed).
+    `samples_dir`: where each evaluated (sub)task's documents go, one JSON line each (`write_samples`)."""
     if not available():
         log(SKIP_MESSAGE)
         if errors is not None:  # asked for and not run: said like a failure, so no report reads the absence as a pass
@@ -66,7 +70,8 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
     for task in tasks:
         try:
             results = evaluator.simple_evaluate(model=lm, tasks=[task], limit=limit, task_manager=manager,
-                                                apply_chat_template=chat_template)
+                                                apply_chat_template=chat_template,
+                                                log_samples=samples_dir is not None)
         except Exception as e:  # noqa: BLE001 - one task's failure (a missing dataset or extra) must not lose the rest
             detail = first_line(e, "")
             message = f"{type(e).__name__}: {detail}" if detail else type(e).__name__
@@ -77,10 +82,44 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
                 errors[task] = message
             continue
         done = to_metrics(results)
+        if samples_dir is not None:
+            write_samples(samples_dir, results.get("samples") or {})
         out.update(done)
         if on_task is not None:
             on_task(task, done)
     return out
+
+
+SAMPLES_DIR = "lm_eval_samples"  # in an eval's run directory: TASK.jsonl per evaluated (sub)task
+
+
+def samples_file(folder, task: str) -> Path:
+    """`folder/TASK.jsonl`, the task's name made a file name (anything but letters, digits, `._-` becomes `_`)."""
+    return Path(folder) / (re.sub(r"[^A-Za-z0-9._-]", "_", task) + ".jsonl")
+
+
+def write_samples(folder, samples: dict) -> list[Path]:
+    """Write the harness's logged samples (task -> documents) as `folder/TASK.jsonl`, one line per document and
+    filter: the document's id, the request as sent (`arguments`: the prompt after the chat template), the raw and the
+    filtered responses, the target and each measure's score for it — what a score of 0 was given for. Replaces a
+    task's file from an earlier run (written atomically); returns the files written."""
+    from opct.files import write_atomic
+
+    written = []
+    for task, docs in samples.items():
+        path = samples_file(folder, task)
+        lines = (json.dumps({"task": task, **{k: v for k, v in doc.items()
+                                              if k not in ("doc_hash", "prompt_hash", "target_hash")}},
+                            default=_jsonable, ensure_ascii=False) + "\n" for doc in docs)
+        written.append(write_atomic(path, lines))
+    return written
+
+
+def _jsonable(o):
+    """What json cannot write of a logged sample (numpy scalars, sets, request objects) as JSON values."""
+    if type(o).__module__ == "numpy" and hasattr(o, "item"):
+        return o.item() if getattr(o, "ndim", 0) == 0 else o.tolist()
+    return sorted(o, key=str) if isinstance(o, (set, frozenset)) else str(o)
 
 
 def recorded_errors(eval_dir) -> dict:

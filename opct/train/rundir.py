@@ -49,16 +49,21 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
                                                                             str(saved.get("out") or out), str(out)))
         if diff:
             raise OpctError(f"{out}: cannot resume with a different configuration; changed: " + ", ".join(diff))
+    if config.resume and not saved_path.exists() and checkpoints(out):
+        raise OpctError(f"{saved_path}: missing, though {out} holds checkpoints: the configuration this run was "
+                        f"started with cannot be checked against this one (a resume with other hyperparameters "
+                        f"would continue it silently); put config.json back, or start a new run")
     inputs = _inputs(config)
     inputs_path = out / "inputs.json"
     if config.resume and inputs_path.exists() and checkpoints(out):
         saved_inputs = files.read_json(inputs_path, "inputs")
-        changed = [f"--{k.replace('_', '-')} {getattr(config, k)}" for k, v in inputs.items()
-                   if isinstance(saved_inputs, dict) and saved_inputs.get(k, v) != v]
+        changed = [k for k, v in inputs.items() if isinstance(saved_inputs, dict) and saved_inputs.get(k, v) != v]
         if changed:
-            raise OpctError(f"{out}: cannot resume: {', '.join(changed)} holds other contents than when the run "
-                            f"started (its SHA-256 differs from {inputs_path}'s); resuming would mix two data sets "
-                            f"in one run: put the original back, or start a new run")
+            names = ", ".join(f"--{k.replace('_', '-')} {getattr(config, k)}" for k in changed)
+            what = "data sets" if set(changed) <= {"pairs", "targets"} else "inputs"
+            raise OpctError(f"{out}: cannot resume: {names} holds other contents than when the run started (its "
+                            f"SHA-256 differs from {inputs_path}'s); resuming would mix two {what} in one run: put "
+                            f"the original back, or start a new run")
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
         if config.resume and not checkpoints(out) and (out / "metrics.jsonl").exists():
@@ -71,15 +76,42 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
 
 
 def _inputs(config: TrainConfig) -> dict:
-    """The SHA-256 of the data files the run trains on (pairs, targets): a resume must find the same contents at
-    those paths. (The model directory is named by its path only: hashing gigabytes of weights on every resume is
-    left out.)"""
+    """What the run reads, by content: the SHA-256 of the data files (pairs, targets) and a fingerprint of the weights
+    of the model and of a separate teacher (`_weights`). A resume must find the same contents at those paths."""
     out = {}
     for field in ("pairs", "targets"):
         path = Path(getattr(config, field) or "")
         if getattr(config, field) and path.is_file():
             out[field] = files.sha256(path)
+    for field in ("model", "teacher_model"):
+        if getattr(config, field):
+            weights = _weights(getattr(config, field))
+            if weights:
+                out[field] = weights
     return out
+
+
+def _weights(model: str) -> str | None:
+    """One fingerprint (`opct.files.fingerprint`) over the safetensors files of a model directory (or the subject's
+    it names), by file name; None when there are none to read (the loader reports that). Gigabytes of weights are
+    not hashed whole on every start and resume: a replaced or retrained model is what this catches."""
+    import hashlib
+
+    from opct.subjects import SUBJECTS, resolve
+
+    if model not in SUBJECTS and not Path(model).is_dir():
+        return None  # the loader names the problem
+    folder = Path(resolve(model)[0])
+    weights = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    if not weights:
+        return None
+    h = hashlib.sha256()
+    for p in weights:
+        try:
+            h.update(f"{p.name}:{files.fingerprint(p)}\n".encode())
+        except OSError as e:
+            raise OpctError(f"{p}: {files.os_problem(e)}") from None
+    return h.hexdigest()
 
 
 def truncate_metrics(path: Path, step: int) -> None:
