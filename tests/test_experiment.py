@@ -230,3 +230,26 @@ def test_a_mistyped_model_writes_nothing_and_a_run_that_ran_nothing_may_start_ag
     with pytest.raises(OpctError, match="started with other settings"):
         _previous_experiment(root, old)
     assert not restart_allowed(root, "experiment.json", [])  # no change: nothing to allow
+
+
+def test_own_pairs_that_train_on_a_held_out_family_are_refused(test_organism, tmp_path):
+    """`pairs: FILE` trains on the file's train pairs, and the evaluation labels every family outside `trained` held
+    out: a train pair of such a family would put trained prompts in the held-out metrics. The world's default split
+    trains sycophancy on four families, the experiment here on one."""
+    from opct.axes import AXES
+    from opct.pairs.make import make_pairs
+    from opct.pairs.schema import save_pairs
+
+    pairs = [p for p in make_pairs("sycophancy", AXES["sycophancy"].world_items(0), per_family=2, seed=0)
+             if p.split == "train"]
+    assert {"suggested_answer", "authority"} <= {p.family for p in pairs}
+    mixed = save_pairs(pairs, tmp_path / "mixed.jsonl")
+    with pytest.raises(OpctError) as e:
+        run_experiment(_tiny(test_organism, tmp_path, pairs=str(mixed)), log=lambda m: None)
+    assert str(mixed) in str(e.value) and "meta.family" in str(e.value) and "'authority'" in str(e.value)
+    assert not (tmp_path / "tiny").exists()  # refused before anything ran
+    # a file that trains only on what `trained` names passes the check (the mistyped model is the next one)
+    own = save_pairs([p for p in pairs if p.family == "suggested_answer"], tmp_path / "own.jsonl")
+    with pytest.raises(OpctError, match="no-such-model"):
+        run_experiment(_tiny(test_organism, tmp_path, pairs=str(own), model=str(tmp_path / "no-such-model")),
+                       log=lambda m: None)

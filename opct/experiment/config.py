@@ -86,7 +86,8 @@ class ExperimentConfig:
                                    flag_parse=_arm_names, metavar="ARM")
     seeds: list[int] = option(help="seeds; each arm runs once per seed", factory=lambda: [0], nonempty=True, **SEED)
     pairs: str = option("", "your own training pairs (JSONL) instead of the world's; pairs whose meta.split is "
-                            "'train' are trained on, and `trained` only labels the evaluation's splits")
+                            "'train' are trained on, and `trained` labels the evaluation's splits (a train pair of a "
+                            "family it holds out is refused)")
     trained: dict[str, list[str]] = option(
         help="what goes to training, per axis: {axis: [families]} (on the command line AXIS=F1,F2); every other "
              "family, and every axis not named, is held out", factory=default_trained, metavar="AXIS=FAMILIES",

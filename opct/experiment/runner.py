@@ -112,7 +112,7 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     check_samplers({f"arm {a}": cfg.arm_config(a) for a in cfg.arms if cfg.method(a) not in UNTRAINED})
     root = Path(cfg.out) / cfg.name
     if cfg.pairs and any(cfg.method(a) not in UNTRAINED for a in cfg.arms):
-        _user_pairs(Path(cfg.pairs))  # checked before the base arm's eval, not when the first trained arm starts
+        _user_pairs(Path(cfg.pairs), cfg.trained)  # checked before the base arm's eval, not when the first trained arm starts
     model = resolve_model(cfg.model)
     from opct.modeldir import check_model_dir
 
@@ -178,12 +178,25 @@ def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log, arm: str) -> 
     return path
 
 
-def _user_pairs(path: Path) -> Path:
-    """The user's own pairs file (`--pairs`), read and checked: it must have pairs to train on."""
-    from opct.pairs.schema import load_pairs
+def _user_pairs(path: Path, trained: dict[str, list[str]]) -> Path:
+    """The user's own pairs file (`--pairs`), read and checked: it must have pairs to train on, and none of them of a
+    family that `trained` holds out — the evaluation labels that family's probes held out, so training on it would
+    put trained prompts in the held-out metrics."""
+    from opct.axes import AXES
+    from opct.errors import DataError
+    from opct.pairs.schema import load_pairs, read_jsonl
 
-    if not any(p.split == "train" for p in load_pairs(path)):
+    pairs = load_pairs(path)
+    if not any(p.split == "train" for p in pairs):
         raise OpctError(f"{path}: no pair has meta.split == 'train'")
+    for (line, _), p in zip(read_jsonl(path), pairs):
+        axis = AXES.get(p.axis)
+        if p.split == "train" and axis is not None and p.family in axis.families \
+                and p.family not in trained.get(p.axis, ()):
+            raise DataError(path, line, "meta.family",
+                            f"{p.axis} family {p.family!r} is held out by the experiment's `trained` "
+                            f"({', '.join(trained.get(p.axis, ())) or 'nothing of ' + p.axis} trained), but this "
+                            f"pair trains on it; add it to `trained` or drop its pairs")
     return path
 
 
@@ -191,7 +204,7 @@ def _shared_pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log) -> Pat
     from opct.pairs.schema import save_pairs
 
     if cfg.pairs:
-        return _user_pairs(Path(cfg.pairs))
+        return _user_pairs(Path(cfg.pairs), cfg.trained)
     path = root / "pairs" / f"seed{seed}.jsonl"
     if not path.exists():
         pairs = make_training_pairs(cfg, seed)
