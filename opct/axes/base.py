@@ -134,13 +134,22 @@ def check_item(obj, schema: dict, path, line: int) -> None:
                     raise DataError(path, line, f"{fname}[{i}]", f"must be {spec.what} (got {e!r})")
 
 
+# an item's prompt text, by axis schema: what "the same item" means beyond its id
+TEXT_FIELDS = ("request", "question", "prompt")
+
+
 def load_item_file(path, schema: dict, check: Callable | None = None) -> list[dict]:
     """A user's items (JSONL): every field of `schema` checked on every line, ids unique, then `check(obj, path,
     line)` for what depends on several fields. Each item keeps `_where` ('file:line') so a later problem with it (a
-    prompt too long for the model) can name its line."""
+    prompt too long for the model) can name its line.
+
+    A held-out item is held out by its text too: an item whose prompt text (case and spacing aside) is a
+    `split: heldout` item's while its own split is not is an error, since its pairs would train on the held-out
+    prompt under another id."""
     from opct.pairs.schema import read_jsonl
 
-    items, seen = [], {}
+    items, seen, texts = [], {}, {}
+    fields = [f for f in TEXT_FIELDS if f in schema]
     for n, obj in read_jsonl(path):
         check_item(obj, schema, path, n)
         if check is not None:
@@ -148,6 +157,15 @@ def load_item_file(path, schema: dict, check: Callable | None = None) -> list[di
         if obj["id"] in seen:
             raise DataError(path, n, "id", f"duplicate id {obj['id']!r} (first on line {seen[obj['id']]})")
         seen[obj["id"]] = n
+        for f in fields:
+            if isinstance(obj.get(f), str):
+                key, held = " ".join(obj[f].lower().split()), obj.get("split") == "heldout"
+                first = texts.setdefault(key, (n, obj["id"], held))
+                if first[2] != held:
+                    heldout_id = obj["id"] if held else first[1]
+                    raise DataError(path, n, f, f"the same text as item {first[1]!r} (line {first[0]}), but one is "
+                                                f"held out and the other not: the held-out item {heldout_id!r} would "
+                                                f"reach training under another id")
         items.append({**obj, "_where": f"{path}:{n}"})
     if not items:
         raise DataError(path, 0, "<file>", "no items in file")
