@@ -112,7 +112,8 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     check_samplers({f"arm {a}": cfg.arm_config(a) for a in cfg.arms if cfg.method(a) not in UNTRAINED})
     root = Path(cfg.out) / cfg.name
     if cfg.pairs and any(cfg.method(a) not in UNTRAINED for a in cfg.arms):
-        _user_pairs(Path(cfg.pairs), cfg.trained)  # checked before the base arm's eval, not when the first trained arm starts
+        # checked before the base arm's eval, not when the first trained arm starts
+        _user_pairs(Path(cfg.pairs), cfg.trained)
     model = resolve_model(cfg.model)
     from opct.modeldir import check_model_dir
 
