@@ -435,3 +435,18 @@ def test_cells_never_print_negative_zero():
     assert cell_text(est) == "0.010 [0.000, 0.040]"
     neg = Estimate(value=-0.02, ci_low=-0.06, ci_high=0.02, n_seeds=1, higher_is_better=False)
     assert cell_text(neg) == "-0.020 [-0.060, 0.020]"
+
+
+def test_a_value_a_rounding_error_outside_its_interval_still_plots(tmp_path):
+    """A bootstrap interval of a constant rate is [v, v] computed by another sum than v itself: 1/3 came back as
+    value 0.3333333333333335 over [0.33333333333333326, 0.33333333333333337] on a real run, and matplotlib refuses a
+    negative error bar, so `opct report` ended in a traceback. Every metric here sits just above its interval, and
+    one well below it (a percentile interval need not hold the point estimate): both plots draw it."""
+    m = json.loads(json.dumps(BASE_METRICS))
+    for k, v in m.items():
+        if isinstance(v.get("value"), float):
+            v.update(ci_low=v["value"] - 0.01, ci_high=v["value"] - 2e-16)
+    m["sycophancy.sycophancy_rate"].update(ci_low=0.7, ci_high=0.8)
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): m})
+    html, md = build_report(run)
+    assert data_pngs(html.read_text())

@@ -47,6 +47,16 @@ def _unit_ylim(ax, lows: list[float], highs: list[float]) -> None:
         ax.set_ylim(-0.03, 1.03)
 
 
+def _interval(est) -> tuple[float, float, float, float]:
+    """(low, high, below, above): the interval's ends (the value where it has none) and the error bar's lengths
+    under and over the value, never negative. A file's interval need not hold its value: a constant rate's bootstrap
+    ends come from other float sums than the value (1/3 as 0.3333333333333335 over [..326, ..337]), and a percentile
+    interval may miss the point estimate; matplotlib refuses a negative bar, which made `opct report` a traceback."""
+    lo = est.ci_low if est.ci_low is not None else est.value
+    hi = est.ci_high if est.ci_high is not None else est.value
+    return lo, hi, max(0.0, est.value - lo), max(0.0, hi - est.value)
+
+
 def metric_grid(run, table, directions: dict) -> bytes:
     cols = table.columns
     ncol = min(4, len(cols))
@@ -61,10 +71,9 @@ def metric_grid(run, table, directions: dict) -> bytes:
             if est is None:
                 ax.text(x, 0.5, "–", ha="center", va="center", transform=ax.get_xaxis_transform(), color="0.5")
                 continue
-            lo = est.ci_low if est.ci_low is not None else est.value
-            hi = est.ci_high if est.ci_high is not None else est.value
-            ax.errorbar([x], [est.value], yerr=[[est.value - lo], [hi - est.value]], fmt="o", capsize=4,
-                        color=colors[arm], markersize=6)
+            lo, hi, below, above = _interval(est)
+            ax.errorbar([x], [est.value], yerr=[[below], [above]], fmt="o", capsize=4, color=colors[arm],
+                        markersize=6)
             lows.append(lo)
             highs.append(hi)
         d = directions.get(col.metric)
@@ -92,12 +101,11 @@ def grouped(run, table, train: set, ylabel: str) -> bytes:
             est = estimate(run, arm, col.metric)
             if est is None:
                 continue
-            lo = est.ci_low if est.ci_low is not None else est.value
-            hi = est.ci_high if est.ci_high is not None else est.value
+            lo, hi, below, above = _interval(est)
             xs.append(i - 0.4 + width * (j + 0.5))
             ys.append(est.value)
-            err[0].append(est.value - lo)
-            err[1].append(hi - est.value)
+            err[0].append(below)
+            err[1].append(above)
             lows.append(lo)
             highs.append(hi)
         ax.bar(xs, ys, width * 0.9, yerr=err, capsize=2, color=colors[arm], label=arm, error_kw={"lw": 0.8})
