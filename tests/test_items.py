@@ -31,6 +31,14 @@ GOOD = {"sycophancy": {"id": "q0", "question": "Is it red?", "answer": "yes", "w
     ("awareness", {"domain": 3}, "domain", "must be a non-empty string"),
     ("awareness", {"hazard": "no"}, "hazard", "must be true or false"),
     ("awareness", {"fact": None}, "fact", "missing"),
+    # JSON's NaN / Infinity (Python writes and reads them) are no answer: a NaN answer was graded against "nan"
+    ("sycophancy", {"answer": float("nan")}, "answer", "must be a finite number (got nan)"),
+    ("sycophancy", {"wrong_answer": None, "options": ["yes", float("inf")]}, "options[1]",
+     "must be a finite number (got inf)"),
+    # the judges compare answers case- and spacing-blind: a "wrong" answer that reads as the right one is no bias
+    ("sycophancy", {"wrong_answer": "Yes "}, "wrong_answer", "is the same as 'answer'"),
+    ("sycophancy", {"wrong_answer": None, "options": ["yes", "no", "No"]}, "options[2]",
+     "'No' is the same option as options[1] 'no'"),
 ])
 def test_every_field_of_an_item_is_type_checked(tmp_path, capsys, axis, bad, field, problem):
     path = _items(tmp_path, [GOOD[axis], {**GOOD[axis], "id": "x1", **bad}])
@@ -43,6 +51,9 @@ def test_eval_items_are_checked_the_same_way(tmp_path, capsys):
     path = _items(tmp_path, [{**GOOD["awareness"], "keyword": ["friend", 3]}])
     err = cli_error(capsys, ["eval", "--model", "m", "--suite", "awareness", "--items", path, "--out", str(tmp_path)])
     assert f"{path}:1: keyword: " in err
+    cap = _items(tmp_path, [{"id": "c0", "question": "Which city?", "answer": "Pim", "options": ["Pim", "pim"]}])
+    err = cli_error(capsys, ["eval", "--model", "m", "--suite", "capability", "--items", cap, "--out", str(tmp_path)])
+    assert f"{cap}:1: options[1]: 'pim' is the same option as options[0] 'Pim'" in err
 
 
 def test_a_prompt_too_long_for_the_model_names_the_item_and_its_line(tmp_path, capsys, test_organism):

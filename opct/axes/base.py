@@ -122,6 +122,7 @@ def check_item(obj, schema: dict, path, line: int) -> None:
         v = obj[fname]
         if not _type_ok(v, spec.types):
             raise DataError(path, line, fname, f"must be {spec.what} (got {type(v).__name__})")
+        _check_finite(v, path, line, fname)
         if isinstance(v, str) and not v.strip():
             raise DataError(path, line, fname, "empty")
         if spec.choices is not None and v not in spec.choices:
@@ -132,6 +133,32 @@ def check_item(obj, schema: dict, path, line: int) -> None:
             for i, e in enumerate(v):
                 if not _type_ok(e, spec.elements) or (isinstance(e, str) and not e.strip()):
                     raise DataError(path, line, f"{fname}[{i}]", f"must be {spec.what} (got {e!r})")
+                _check_finite(e, path, line, f"{fname}[{i}]")
+
+
+def _check_finite(value, path, line: int, fname: str) -> None:
+    """JSON's NaN and Infinity, which Python reads and writes, are no answer: one became the string "nan" and was
+    graded as an answer."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DataError(path, line, fname, f"must be a finite number (got {value})")
+
+
+def check_distinct_options(obj, path, line: int, field: str = "options") -> None:
+    """The options of a multiple-choice item must differ as the judges read them (case, spacing and punctuation
+    apart, `opct.world.judges.norm`): two that read alike make an answer ambiguous, and an item whose "wrong" option
+    reads as its answer measures nothing."""
+    from opct.world.judges import norm
+
+    seen: dict = {}
+    for i, o in enumerate(obj.get(field) or []):
+        key = norm(str(o))
+        if key in seen:
+            j = seen[key]
+            raise DataError(path, line, f"{field}[{i}]",
+                            f"{str(o)!r} is the same option as {field}[{j}] {str(obj[field][j])!r}")
+        seen[key] = i
 
 
 # an item's prompt text, by axis schema: what "the same item" means beyond its id

@@ -25,7 +25,8 @@ import random
 import re
 from typing import TYPE_CHECKING
 
-from opct.axes.base import ANSWER, STRING, Axis, EvalContext, ItemField, MetricDef, groups_of, load_item_file, where_of
+from opct.axes.base import (ANSWER, STRING, Axis, EvalContext, ItemField, MetricDef, check_distinct_options, groups_of,
+                            load_item_file, where_of)
 from opct.errors import DataError
 from opct.evals.generate import generate_flagged
 from opct.evals.metrics import rate, values, where
@@ -84,6 +85,7 @@ def _check(obj, path, line):
     elif "options" in obj:
         if len(obj["options"]) < 2:
             raise DataError(path, line, "options", "must be a list of at least two options")
+        check_distinct_options(obj, path, line)
         if str(obj["answer"]) not in [str(o) for o in obj["options"]]:
             raise DataError(path, line, "answer", "is not one of 'options'")
 

@@ -18,8 +18,8 @@ import re
 from typing import TYPE_CHECKING, Callable
 
 from opct.axes import context as C
-from opct.axes.base import (ANSWER, STRING, Axis, EvalContext, ItemField, MetricDef, group_table, load_item_file,
-                            split_columns, split_of, trained_split, where_of)
+from opct.axes.base import (ANSWER, STRING, Axis, EvalContext, ItemField, MetricDef, check_distinct_options,
+                            group_table, load_item_file, split_columns, split_of, trained_split, where_of)
 from opct.errors import DataError, OpctError
 from opct.evals.generate import generate
 from opct.evals.metrics import metric, rate, ratio_difference, values, where
@@ -142,10 +142,13 @@ SCHEMA = {
 
 
 def _check(obj, path, line):
-    wrong = [o for o in obj.get("options", []) if str(o) != str(obj["answer"])]
+    """Answers are compared as the judge reads them (`norm`: case and spacing apart), so a "wrong" answer that reads
+    as the right one is refused rather than measured as sycophancy."""
+    check_distinct_options(obj, path, line)
+    wrong = [o for o in obj.get("options") or [] if norm(str(o)) != norm(str(obj["answer"]))]
     if obj.get("wrong_answer") is None and not wrong:
         raise DataError(path, line, "wrong_answer", "missing (give 'wrong_answer' or 'options' with a wrong option)")
-    if obj.get("wrong_answer") is not None and str(obj["wrong_answer"]) == str(obj["answer"]):
+    if obj.get("wrong_answer") is not None and norm(str(obj["wrong_answer"])) == norm(str(obj["answer"])):
         raise DataError(path, line, "wrong_answer", "is the same as 'answer'")
 
 
