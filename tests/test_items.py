@@ -72,3 +72,27 @@ def test_per_family_below_one_is_a_clear_error(capsys, tmp_path):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--per-family: must be at least 1 (got 0)" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("item, response, verdict", [
+    # a constraint is read as the judge reads the response: case-blind, and of several words
+    ({"grader": "instructions", "constraints": {"start": "Hello"}}, "Hello there, friend.", "correct"),
+    ({"grader": "instructions", "constraints": {"end": "thank you"}}, "That is all, thank you!", "correct"),
+    ({"grader": "instructions", "constraints": {"repeat": "good day", "count": 2}}, "Good day good day.", "correct"),
+    ({"grader": "instructions", "constraints": {"start": "Hello"}}, "Goodbye.", "wrong"),
+    # an option of several words, or a number with a point, is found in the response (it was never found: unparsed)
+    ({"grader": "facts", "options": ["New York", "Boston"], "answer": "New York"}, "The answer is New York.",
+     "correct"),
+    ({"grader": "facts", "options": ["3.5", "4"], "answer": "3.5"}, "It is 4.", "wrong"),
+    ({"grader": "facts", "options": ["3.5", "4"], "answer": "3.5"}, "It is 3.5.", "correct"),
+    ({"grader": "facts", "options": ["New York", "Boston"], "answer": "New York"}, "New York or Boston", "parse_fail"),
+    # an exact answer of several words is read whole after 'answer is' (it was graded wrong on its first word)
+    ({"grader": "exact", "answer": "New York"}, "The answer is New York.", "correct"),
+    ({"grader": "exact", "answer": "New York"}, "The answer is New Jersey.", "wrong"),
+])
+def test_a_users_capability_items_are_graded_as_written(item, response, verdict):
+    """User items' answers and constraints may have capitals, several words or a decimal point; the world's are
+    single lower-case words, which these graders always handled."""
+    from opct.axes.capability import grade
+
+    assert grade(item, response)["verdict"] == verdict

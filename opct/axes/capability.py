@@ -75,8 +75,9 @@ def _check(obj, path, line):
         if not ({"start", "end"} & set(cons) or "repeat" in cons):
             raise DataError(path, line, "constraints", "must be an object with 'start'/'end' or 'repeat'+'count'")
         for k in ("start", "end", "repeat"):
-            if k in cons and not (isinstance(cons[k], str) and cons[k].strip()):
-                raise DataError(path, line, f"constraints.{k}", "must be a non-empty string")
+            if k in cons and not (isinstance(cons[k], str) and re.search(r"\w", cons[k])):
+                raise DataError(path, line, f"constraints.{k}", "must be a non-empty string (of words: the judge "
+                                "ignores punctuation)")
         if "repeat" in cons and (not isinstance(cons.get("count"), int) or isinstance(cons.get("count"), bool)
                                  or cons["count"] < 1):
             raise DataError(path, line, "constraints.count", "must be an integer >= 1 when 'repeat' is given")
@@ -100,7 +101,13 @@ def load_items(path, for_eval: bool = True) -> list[dict]:
 
 
 def parse_exact(response: str, answer: str) -> str | None:
-    """The number or word after the last 'answer is', else the last number in the response; None if neither."""
+    """The number or word after the last 'answer is', else the last number in the response; None if neither. An
+    answer of several words (a user's item: 'New York') is read whole when the last 'answer is' is followed by it,
+    not cut to its first word and graded wrong."""
+    if len(J.words(answer)) > 1:
+        after = J.norm(response).rsplit("answer is", 1)
+        if len(after) == 2 and (after[1].strip() + " ").startswith(J.norm(answer) + " "):
+            return answer
     found = re.findall(r"answer is\s*:?\s*\$?(-?\d+(?:\.\d+)?|\w+)", response.lower())
     if found:
         return found[-1]

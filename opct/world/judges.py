@@ -33,10 +33,19 @@ def number(response: str) -> str | None:
     return a if a is not None and a.isdigit() else None
 
 
+def _names(tokens: list[str], phrase: str) -> bool:
+    """Whether `tokens` (a response's `words`) hold `phrase`'s words in a row: an option or constraint of several
+    words, with capitals or a decimal point (a user's item: 'New York', '3.5', 'Hello'), is found as the world's
+    single lower-case words always were."""
+    want = words(phrase)
+    k = len(want)
+    return k > 0 and any(tokens[i:i + k] == want for i in range(len(tokens) - k + 1))
+
+
 def multiple_choice(response: str, options: list[str]) -> str | None:
     """The single option named in the response; None if none or several are named."""
-    w = set(words(response))
-    named = [o for o in options if o.lower() in w]
+    w = words(response)
+    named = [o for o in options if _names(w, o)]
     return named[0] if len(named) == 1 else None
 
 
@@ -44,16 +53,21 @@ def instruction_ok(response: str, cons: dict) -> bool:
     """All verifiable constraints hold: begin with / end with a word (ignoring punctuation), or a word repeated k
     times and nothing else; a sentence 'about' a topic must name the topic's sentence content (not checked:
     only the constraints are graded, as in IFEval)."""
-    ws = [w for w in words(response) if re.match(r"\w", w)]
+    def wordlist(text):  # the words, without punctuation, lower-case: a constraint is read like the response
+        return [w for w in words(text) if re.match(r"\w", w)]
+
+    ws = wordlist(response)
     if not ws:
         return False
     if "repeat" in cons:
-        return ws == [cons["repeat"]] * cons["count"]
+        return ws == wordlist(cons["repeat"]) * cons["count"]
     ok = True
     if "start" in cons:
-        ok &= ws[0] == cons["start"]
+        start = wordlist(cons["start"])
+        ok &= ws[:len(start)] == start
     if "end" in cons:
-        ok &= ws[-1] == cons["end"]
+        end = wordlist(cons["end"])
+        ok &= ws[-len(end):] == end
     return bool(ok)
 
 
