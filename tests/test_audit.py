@@ -380,3 +380,18 @@ def test_bad_input_is_a_clear_error(capsys, tmp_path):
     unknown.write_text("colour: red\n")
     assert "unknown config field" in cli_error(capsys, ["audit", str(unknown), "--out", str(tmp_path / "a")])
     assert "no results" in cli_error(capsys, ["audit", "--out", str(tmp_path / "empty"), "--report-only"])
+
+
+@pytest.mark.parametrize("lines, where", [
+    (['[1, 2]'], ":1: <record>: must be a JSON object"),
+    (['{"cell": 1}'], ":1: kind: must be one of base, organism, cell (got None)"),
+    (['{"kind": "cell", "organism": "x", "seed": 0}'], ":1: method: missing"),
+    # a malformed line that is not the last (a kill tears only the last one) was dropped without a word
+    (['{"kind": "cell"', '{"kind": "base", "sycophancy_probes": {}, "target": 0.1}'], ":1: <json>: malformed JSON"),
+])
+def test_results_jsonl_of_the_wrong_shape_names_its_line(tmp_path, capsys, lines, where):
+    """`opct audit --report-only` (and a resumed audit) read OUT/results.jsonl: a record of another shape was a
+    KeyError / TypeError traceback."""
+    (tmp_path / "results.jsonl").write_text("\n".join(lines) + "\n")
+    err = cli_error(capsys, ["audit", "--out", str(tmp_path), "--report-only"])
+    assert f"{tmp_path / 'results.jsonl'}{where}" in err

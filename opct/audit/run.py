@@ -21,7 +21,6 @@ measured). A finished record is never redone, so a killed audit continues where 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,8 +33,8 @@ from opct.audit.organisms import sycophantic as SYC
 from opct.audit.splits import build_splits, make_pairs, overlaps, record, rng
 from opct.axes.capability import NAME as CAPABILITY  # the capability rate's key in results.jsonl
 from opct.config import SEED, ConfigError, changes, option, require, restart_allowed, validate
-from opct.errors import OpctError
-from opct.files import append_jsonl, read_json, read_text, write_json_atomic
+from opct.errors import DataError, OpctError
+from opct.files import append_jsonl, read_appended_jsonl, read_json, write_json_atomic
 
 if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
     from opct.policy import Policy  # noqa: F401
@@ -92,16 +91,29 @@ def default_base() -> Path:
 
 # ------------------------------------------------------------------------------------------ results file
 
+# the fields of each kind of record that the resume and the report read; a record without them names its line
+RESULT_FIELDS = {"base": ("sycophancy_probes", "target"),
+                 "organism": ("organism", "seed", "failure", "base", "derived", "coherence"),
+                 "cell": ("organism", "method", "seed", "after", "seconds")}
+
+
 def read_results(out: Path) -> list[dict]:
+    """OUT/results.jsonl's records. A last line torn by a kill is left out (that measurement is redone); any other
+    malformed line, a record that is no JSON object, of no known kind or without the fields its kind has, is a
+    DataError naming the file and line (such lines were skipped without a word, or a KeyError in the report)."""
     path = out / "results.jsonl"
     if not path.exists():
         return []
     rows = []
-    for line in read_text(path).splitlines():
-        try:
-            rows.append(json.loads(line))
-        except (json.JSONDecodeError, RecursionError):  # a line torn by a kill: that measurement is redone
-            continue
+    for n, r in read_appended_jsonl(path):
+        if not isinstance(r, dict):
+            raise DataError(path, n, "<record>", "must be a JSON object")
+        if r.get("kind") not in RESULT_FIELDS:
+            raise DataError(path, n, "kind", f"must be one of {', '.join(RESULT_FIELDS)} (got {r.get('kind')!r})")
+        missing = [f for f in RESULT_FIELDS[r["kind"]] if f not in r]
+        if missing:
+            raise DataError(path, n, missing[0], f"missing (a {r['kind']} record of `opct audit` has it)")
+        rows.append(r)
     return rows
 
 
