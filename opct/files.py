@@ -197,15 +197,44 @@ def fingerprint(path) -> str:
 _held: dict[str, int] = {}  # lock files this process holds -> their descriptor (a nested lock is a no-op)
 
 
+# The file each command keeps at the top of its directory -> (its kind, what it is): a directory holding another
+# kind's is refused (`dir_lock`'s `kind`), so two commands' files never mix in one directory.
+RUN_MARKERS = {
+    "experiment.json": ("experiment", "an experiment (`opct run`)"),
+    "run.json": ("eval", "an eval run (`opct eval`)"),
+    "inputs.json": ("train", "a training run (`opct train`)"),
+    "splits.json": ("audit", "an audit (`opct audit`)"),
+    "study.json": ("robustness", "a robustness study (`opct run FILE`, kind: robustness)"),
+    "threats.json": ("threats", "a cross-threat run (`opct run FILE`, kind: threats)"),
+}
+
+
+def check_run_kind(directory, kind: str) -> None:
+    """An OpctError when `directory` holds another command's run (`RUN_MARKERS`): `opct run` went on into an eval's
+    --out, `opct eval` into an experiment or a training run, and `opct audit` took a training run's config.json for
+    an audit's with other settings."""
+    d = Path(directory)
+    for name, (k, what) in RUN_MARKERS.items():
+        if k != kind and (d / name).exists():
+            raise OpctError(f"{d}: holds {what} ({name}), not {_A_KIND.get(kind, kind)}; choose another directory")
+
+
+_A_KIND = {k: what.split(" (")[0] for k, what in RUN_MARKERS.values()}
+
+
 @contextmanager
-def dir_lock(directory, what: str = "run directory"):
-    """Hold an exclusive lock on `directory` (created if missing) for the duration of the block.
+def dir_lock(directory, what: str = "run directory", kind: str | None = None):
+    """Hold an exclusive lock on `directory` (created if missing) for the duration of the block. With `kind` (a
+    kind of `RUN_MARKERS`), a directory that holds another command's run is refused first, before the lock file is
+    written into it.
 
     Another process holding it makes this an OpctError naming the directory and that process's pid. The lock is an
     flock on DIR/.opct.lock, which the kernel drops when its holder exits, however it exits (SIGKILL too), so there
     is never a stale lock to clean up. The file stays (deleting it would let two processes lock two different
     files); it holds the last holder's pid. A directory this process already locked is locked again for free."""
     d = Path(directory)
+    if kind is not None:
+        check_run_kind(d, kind)
     d.mkdir(parents=True, exist_ok=True)
     lock_path = str((d / LOCK_NAME).resolve())
     if fcntl is None or lock_path in _held:

@@ -344,3 +344,27 @@ def test_deepspeeds_cpu_notice_stays_off_stdout_on_a_cpu_machine(tmp_path, capsy
     run = subprocess.run([sys.executable, "-c", "import deepspeed.accelerator as a; a.get_accelerator()"],
                          capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert "Setting accelerator to CPU" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("marker, argv", [
+    ("run.json", ["eval", "--model", "m", "--suite", "sycophancy", "--out", "{d}"]),  # an eval into an eval: --resume
+    ("experiment.json", ["eval", "--model", "m", "--suite", "sycophancy", "--out", "{d}"]),
+    ("inputs.json", ["eval", "--model", "m", "--suite", "sycophancy", "--out", "{d}"]),
+    ("run.json", ["audit", "--quick", "--out", "{d}"]),
+    ("inputs.json", ["audit", "--quick", "--out", "{d}"]),
+    ("splits.json", ["run", "--model", "{model}", "--arms", "base", "--out", "{root}", "--name", "x"]),
+    ("run.json", ["run", "--model", "{model}", "--arms", "base", "--out", "{root}", "--name", "x"]),
+])
+def test_a_directory_another_command_wrote_is_refused(tmp_path, capsys, test_organism, marker, argv):
+    """`opct run` into an eval's --out, `opct eval` into an experiment or a training run, `opct audit` into a
+    training run (whose config.json it took for an audit's with other settings): each ran, or failed misleadingly,
+    mixing two commands' files in one directory. Refused before anything is written there."""
+    d = tmp_path / "x"
+    d.mkdir()
+    (d / marker).write_text("{}")
+    if argv[0] == "eval" and marker == "run.json":
+        pytest.skip("an eval's own run directory: resumed or refused by check_resume")
+    args = [a.format(d=d, root=tmp_path, model=test_organism) for a in argv]
+    err = cli_error(capsys, args)
+    assert f"{d}: holds " in err and f"({marker})" in err
+    assert sorted(p.name for p in d.iterdir()) == [marker]

@@ -73,8 +73,10 @@ def test_a_second_train_into_the_same_run_is_refused_and_a_killed_one_leaves_no_
         err = cli_error(capsys, _train_args(model_dir, pairs_file, out, "--max-steps", "3", "--resume"))
         assert err == (f"opct: error: {out}: training run in use by another opct process (pid {first.pid}); wait "
                        f"for it to finish, or write elsewhere")
-        assert cli_error(capsys, ["eval", "--model", str(model_dir), "--out", str(out)]).startswith(
-            f"opct: error: {out}: eval run directory in use by another opct process (pid {first.pid})")
+        # another command into a training run's directory is refused before it would wait for the lock
+        assert cli_error(capsys, ["eval", "--model", str(model_dir), "--out", str(out)]) == (
+            f"opct: error: {out}: holds a training run (`opct train`) (inputs.json), not an eval run; choose another "
+            "directory")
     finally:
         _kill(first)  # killed before its first checkpoint, perhaps mid-line
     assert not (out / "checkpoints").exists() and len(read_appended_jsonl(out / "metrics.jsonl")) >= 1
@@ -126,10 +128,12 @@ def test_append_repairs_a_torn_last_line(tmp_path):
 def test_the_audit_loses_no_record_after_a_torn_line(tmp_path):
     from opct.audit.run import _append, read_results
 
-    _append(tmp_path, {"kind": "organism", "organism": "a"})
+    m = {}  # a measurement: read_results checks that a record has its kind's fields, not what they hold
+    _append(tmp_path, {"kind": "organism", "organism": "a", "seed": 0, "failure": "f", "base": m, "derived": m,
+                       "coherence": m})
     with open(tmp_path / "results.jsonl", "a") as f:
         f.write('{"kind": "before", "orga')
-    _append(tmp_path, {"kind": "cell", "organism": "a", "method": "k1", "seed": 0})
+    _append(tmp_path, {"kind": "cell", "organism": "a", "method": "k1", "seed": 0, "after": m, "seconds": m})
     assert [r["kind"] for r in read_results(tmp_path)] == ["organism", "cell"]
 
 

@@ -43,7 +43,8 @@ def run(args) -> int:
     if not args.report_only:
         from opct.files import dir_lock
 
-        with dir_lock(config.out, "audit directory"):  # a second `opct audit` into the same --out is refused
+        # a second `opct audit` into the same --out is refused, and so is a directory another command wrote
+        with dir_lock(config.out, "audit directory", kind="audit"):
             run_audit(config, log=lambda m: print(m, flush=True))
     paths = write_report(config.out)  # atomic writes of files rebuilt from results.jsonl: safe beside a running audit
     print(f"opct audit: results in {paths['results']}; report {paths['html']} and {paths['md']}")

@@ -66,7 +66,7 @@ def run(args) -> int:
     check_device(cfg.device)  # before the run directory is made
     from opct.policy import load_policy, set_cpu_threads
 
-    with dir_lock(cfg.out, "eval run directory"):  # a second `opct eval` into the same --out is refused
+    with dir_lock(cfg.out, "eval run directory", kind="eval"):  # a second `opct eval` into the same --out is refused
         earlier = check_resume(cfg, attack, args.resume)  # before the model is loaded
         policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
                              trust_remote_code=cfg.trust_remote_code, progress=cfg.progress)

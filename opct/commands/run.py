@@ -94,7 +94,7 @@ def _run_study_file(args, kind: str, load, run_all, build, lock_what: str) -> in
                         f"{', '.join('--' + f for f in ROBUSTNESS_FLAGS)})")
     flags = argparse.Namespace(**{k: v for k, v in vars(args).items() if k in ROBUSTNESS_FLAGS})
     cfg = load(args.experiment, flags)
-    with dir_lock(Path(cfg.out) / cfg.run_name(), lock_what):
+    with dir_lock(Path(cfg.out) / cfg.run_name(), lock_what, kind=kind):
         root = run_all(cfg)
         if cfg.report:
             html, md = build(root)
@@ -109,7 +109,8 @@ def run_and_report(cfg) -> int:
     from opct.experiment import run_experiment
     from opct.files import dir_lock
 
-    with dir_lock(Path(cfg.out) / cfg.name, "experiment"):  # a second `opct run` of the same experiment is refused
+    # a second `opct run` of the same experiment is refused, and so is a directory another command wrote
+    with dir_lock(Path(cfg.out) / cfg.name, "experiment", kind="experiment"):
         return _run_and_report(cfg, run_experiment)
 
 
