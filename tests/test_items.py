@@ -96,3 +96,16 @@ def test_a_users_capability_items_are_graded_as_written(item, response, verdict)
     from opct.axes.capability import grade
 
     assert grade(item, response)["verdict"] == verdict
+
+
+def test_every_axis_items_file_is_checked_before_the_first_axis_runs(tmp_path, capsys, test_organism):
+    """`axis_items` (an eval --config file, an experiment's eval:) names a file per axis: a missing or malformed one
+    was found only when its axis came up, after the axes before it had run, and its error did not say which field
+    named the file."""
+    cfg = tmp_path / "eval.yaml"
+    cfg.write_text(f"axis_items: {{capability: {tmp_path / 'missing.jsonl'}}}\n")
+    out = tmp_path / "e"
+    err = cli_error(capsys, ["eval", "--config", str(cfg), "--model", str(test_organism), "--suite",
+                             "sycophancy,capability", "--n", "1", "--samples", "1", "--no-progress", "--out", str(out)])
+    assert f"axis_items.capability: {tmp_path / 'missing.jsonl'}: no such file" in err
+    assert not (out / "records.jsonl").exists()  # refused before the sycophancy axis ran

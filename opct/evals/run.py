@@ -218,6 +218,21 @@ def check_config(cfg: EvalConfig) -> None:
         raise OpctError(f"--lm-eval-include: {cfg.lm_eval_include}: "
                         f"{'not a folder' if Path(cfg.lm_eval_include).exists() else 'no such folder'} "
                         "(a folder of lm-eval task YAMLs)")
+    load_axis_items(cfg)
+
+
+def load_axis_items(cfg: EvalConfig) -> dict[str, list[dict]]:
+    """The `axis_items` of the axes `cfg.suite` runs, each file checked whole: called before the first axis runs,
+    so a missing or malformed file (named with its field, `axis_items.AXIS: FILE:LINE: ...`) is not found only when
+    its axis comes up, after the axes before it."""
+    out = {}
+    for name in suite_names(cfg.suite):
+        if name in cfg.axis_items and not cfg.items:
+            try:
+                out[name] = load_eval_items(cfg.axis_items[name], name)
+            except OpctError as e:
+                raise OpctError(f"axis_items.{name}: {e}") from None
+    return out
 
 
 def load_eval_items(path, axis: str) -> list[dict]:
@@ -301,6 +316,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     names = suite_names(cfg.suite)
     if items is None and cfg.items:
         items = load_eval_items(cfg.items, names[0])
+    axis_items = load_axis_items(cfg)
     gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress, cfg.seed_per_prompt)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -334,8 +350,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
         if name in done:
             continue
         trained = None if cfg.trained is None else cfg.trained.get(name, [])
-        mine = items if items is not None else (load_eval_items(cfg.axis_items[name], name)
-                                                if name in cfg.axis_items else None)
+        mine = items if items is not None else axis_items.get(name)
         axis_cfg = dataclasses.replace(cfg, n=cfg.axis_n[name]) if name in cfg.axis_n else cfg
         ctx = EvalContext(cfg=axis_cfg, gen=gen, items=mine, trained=trained, log=log,
                           attack=attack_cfg if cfg.attack else None)
