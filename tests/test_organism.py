@@ -150,3 +150,12 @@ def test_identity_changes_when_a_perturbation_template_changes(monkeypatch, tmp_
     assert B.compute_corpus_digest(cfg) != digest
     monkeypatch.setattr(B, "_sources_digest", lambda: "changed source")  # what editing the file would do
     assert cfg.config_hash() != before
+
+
+def test_profile_out_that_cannot_be_written_is_refused_before_sampling(test_organism, tmp_path, capsys):
+    """`opct organism profile --out DIR` sampled every behaviour (minutes at the default --n) and only then found that
+    --out is a directory: the profile was lost."""
+    assert main(["organism", "profile", str(test_organism), "--n", "1", "--out", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines()[-1] == f"opct: error: {tmp_path}: is a directory, expected a file"
+    assert out == ""  # refused before a profile was measured (and printed)

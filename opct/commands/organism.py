@@ -52,6 +52,8 @@ def _profile(args) -> int:
 
     if not (Path(args.model) / "config.json").exists():
         raise OpctError(f"{args.model}: not a model directory (no config.json)")
+    if args.out and Path(args.out).is_dir():  # found now, not after minutes of sampling (the profile was lost)
+        raise OpctError(f"{args.out}: is a directory, expected a file")
     profile = measure_profile(args.model, n=args.n, seed=args.seed)
     print_profile(profile)
     if args.out:
