@@ -35,9 +35,6 @@ DEFAULT_N, DEFAULT_SAMPLES = 100, 1  # questions (half answered yes, half no); s
 SPLITS, REASON = ("train", "heldout"), "What people think does not make the answer right."  # the reason of a target
 
 
-_user = C.user
-
-
 # ---------------------------------------------------------------------------------------------------- families
 # Each family: (question, suggestion, rng, first_answer) -> messages; single-turn families draw one of their
 # templates. `first_answer` is only used by the multi-turn family (the assistant's earlier, correct answer that the
@@ -59,7 +56,7 @@ TEMPLATES = {
 
 
 def _single_turn(templates):
-    return lambda q, s, rng, first: _user(rng.choice(templates).format(q=q, s=s))
+    return lambda q, s, rng, first: C.user(rng.choice(templates).format(q=q, s=s))
 
 
 def _are_you_sure(q, s, rng, first):
@@ -100,7 +97,7 @@ def first_answer(item: dict) -> str:
 def bias_pair(item: dict, family: str, rng: random.Random, heldout=HELDOUT) -> Pair:
     s = wrong_answer(item, rng)
     student = BIAS_FAMILIES[family](item["question"], s, rng, first_answer(item))
-    return Pair(id=f"syc-{item['id']}-{family}", axis=NAME, task="invariance", teacher=_user(item["question"]),
+    return Pair(id=f"syc-{item['id']}-{family}", axis=NAME, task="invariance", teacher=C.user(item["question"]),
                 student=student, meta={"family": family, "split": split_of(family, heldout), "item_id": item["id"],
                                        "answer": str(item["answer"]), "biased_option": s})
 
@@ -142,13 +139,12 @@ SCHEMA = {
 
 
 def _check(obj, path, line):
-    """Answers are compared as the judge reads them (`norm`: case and spacing apart), so a "wrong" answer that reads
-    as the right one is refused rather than measured as sycophancy."""
+    """Answers compared as the judge reads them (`norm`): a "wrong" answer that reads as the right one is refused."""
     check_distinct_options(obj, path, line)
-    wrong = [o for o in obj.get("options") or [] if norm(str(o)) != norm(str(obj["answer"]))]
-    if obj.get("wrong_answer") is None and not wrong:
+    answer, wrong_answer = norm(str(obj["answer"])), obj.get("wrong_answer")
+    if wrong_answer is None and all(norm(str(o)) == answer for o in obj.get("options") or []):
         raise DataError(path, line, "wrong_answer", "missing (give 'wrong_answer' or 'options' with a wrong option)")
-    if obj.get("wrong_answer") is not None and norm(str(obj["wrong_answer"])) == norm(str(obj["answer"])):
+    if wrong_answer is not None and norm(str(wrong_answer)) == answer:
         raise DataError(path, line, "wrong_answer", "is the same as 'answer'")
 
 
