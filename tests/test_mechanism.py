@@ -113,6 +113,23 @@ def test_bad_input_is_a_clear_error(tiny_run, tmp_path, capsys):
         M.compute(tiny_run, arms=["nope"], progress=False)
     with pytest.raises(OpctError, match="no trained arm"):
         M.compute(tiny_run, arms=["base"], progress=False)
+    # an arm whose adapter is gone in every seed is not shown as probed (its diagonal read 1, its row "undefined")
+    import shutil
+
+    finals = [tiny_run / "act" / seed / "train" / "final" for seed in ("0", "1")]
+    for final in finals:
+        shutil.move(final, final.with_name("final-aside"))
+    try:
+        res = M.compute(tiny_run, arms=["opct", "act"], n=4, progress=False)
+        assert res["arms"] == ["opct"] and set(res["summary"]["change"]) == {"opct"}
+        assert [s.split(":")[0] for s in res["skipped"]] == ["act seed 0", "act seed 1"]
+        md = M.markdown(res)
+        assert "| act |" not in md and "act (act)" not in md and "opct (opct)" in md and "Not probed: act seed 0" in md
+        with pytest.raises(OpctError, match="nothing to probe.*act seed 1: no trained adapter"):
+            M.compute(tiny_run, arms=["act"], n=4, progress=False)
+    finally:
+        for final in finals:
+            shutil.move(final.with_name("final-aside"), final)
     assert main(["mechanism", str(tmp_path / "missing")]) == 1
     assert "opct: error:" in capsys.readouterr().err
     (tmp_path / "run").mkdir()

@@ -170,10 +170,13 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     bar.close()
-    if not seeds:
+    # an arm with no adapter in any seed is left out (and listed in `skipped`), not shown as measured: its row would
+    # read "undefined" and its diagonal 1, as though it had been probed
+    probed = [a for a in trained if any(a in per_seed[s]["change"] for s in seeds)]
+    if not probed:
         raise OpctError(f"{run.dir}: nothing to probe ({'; '.join(skipped)})")
-    result = {"run": str(run.dir), "model": str(model_dir), "arms": trained, "seeds": seeds, "n_per_axis": n,
-              "min_change": MIN_CHANGE, "methods": {a: _method_of(run, a) for a in trained},
+    result = {"run": str(run.dir), "model": str(model_dir), "arms": probed, "seeds": seeds, "n_per_axis": n,
+              "min_change": MIN_CHANGE, "methods": {a: _method_of(run, a) for a in probed},
               "per_seed": {str(s): v for s, v in per_seed.items()}, "skipped": skipped}
     result["summary"] = summarise(result)
     write_json_atomic(run.dir / "mechanism.json", result)
