@@ -47,6 +47,23 @@ def test_every_field_of_an_item_is_type_checked(tmp_path, capsys, axis, bad, fie
     assert not (tmp_path / "p.jsonl").exists()
 
 
+def test_a_misspelt_field_is_an_error_and_other_fields_are_kept(tmp_path, capsys):
+    """An unknown field is the item's own metadata, unless it reads as a known one misspelt: `optionss` graded a
+    multiple-choice item as an exact answer, and an unknown constraint went ungraded, without a word."""
+    from opct.axes import AXES
+
+    out = str(tmp_path / "p.jsonl")
+    bad = {**GOOD["sycophancy"], "wrong_answer": None, "optionss": ["yes", "no"]}
+    path = _items(tmp_path, [GOOD["sycophancy"], bad])
+    err = cli_error(capsys, ["pairs", "make", "--axis", "sycophancy", "--items", path, "--out", out])
+    assert f"{path}:2: optionss: not a field; did you mean 'options'?" in err
+    path = _items(tmp_path, [{**GOOD["jailbreak"], "source": "my list", "requests": "x"}])  # `request` is there
+    assert AXES["jailbreak"].load_items(path, True)[0]["source"] == "my list"
+    cap = _items(tmp_path, [{"id": "c0", "question": "Say hi.", "constraints": {"start": "hi", "ennd": "there"}}])
+    err = cli_error(capsys, ["eval", "--model", "m", "--suite", "capability", "--items", cap, "--out", str(tmp_path)])
+    assert f"{cap}:1: constraints.ennd: not a constraint (one of start, end, repeat, count, topic" in err
+
+
 def test_eval_items_are_checked_the_same_way(tmp_path, capsys):
     path = _items(tmp_path, [{**GOOD["awareness"], "keyword": ["friend", 3]}])
     err = cli_error(capsys, ["eval", "--model", "m", "--suite", "awareness", "--items", path, "--out", str(tmp_path)])

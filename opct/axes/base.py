@@ -114,6 +114,7 @@ def _type_ok(value, types) -> bool:
 def check_item(obj, schema: dict, path, line: int) -> None:
     if not isinstance(obj, dict):
         raise DataError(path, line, "<record>", "must be a JSON object")
+    _check_spelling(obj, schema, path, line)
     for fname, spec in schema.items():
         if fname not in obj or obj[fname] is None:
             if spec.required:
@@ -134,6 +135,19 @@ def check_item(obj, schema: dict, path, line: int) -> None:
                 if not _type_ok(e, spec.elements) or (isinstance(e, str) and not e.strip()):
                     raise DataError(path, line, f"{fname}[{i}]", f"must be {spec.what} (got {e!r})")
                 _check_finite(e, path, line, f"{fname}[{i}]")
+
+
+def _check_spelling(obj: dict, known, path, line: int, prefix: str = "") -> None:
+    """A field the schema does not know is kept as the item's own metadata (a source, a topic), unless it reads as a
+    misspelt known one (`optionss`, `qustion`): that item would silently be graded as another kind (an exact answer
+    instead of multiple choice) or read as missing its field."""
+    import difflib
+
+    for key in obj:
+        close = difflib.get_close_matches(key, [k for k in known if k not in obj], n=1, cutoff=0.8) \
+            if isinstance(key, str) and key not in known else []
+        if close:
+            raise DataError(path, line, prefix + key, f"not a field; did you mean {close[0]!r}?")
 
 
 def _check_finite(value, path, line: int, fname: str) -> None:

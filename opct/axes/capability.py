@@ -69,9 +69,16 @@ SCHEMA = {
 }
 
 
+CONSTRAINTS = ("start", "end", "repeat", "count", "topic")  # what `opct.world.judges.instruction_ok` reads
+
+
 def _check(obj, path, line):
     cons = obj.get("constraints")
     if cons is not None:
+        unknown = sorted(set(cons) - set(CONSTRAINTS))
+        if unknown:  # a constraint the judge does not know would go ungraded, and the item graded on the rest
+            raise DataError(path, line, f"constraints.{unknown[0]}", f"not a constraint (one of "
+                            f"{', '.join(CONSTRAINTS)}; 'topic' is not graded)")
         if not ({"start", "end"} & set(cons) or "repeat" in cons):
             raise DataError(path, line, "constraints", "must be an object with 'start'/'end' or 'repeat'+'count'")
         for k in ("start", "end", "repeat"):
