@@ -42,6 +42,18 @@ def test_sycophancy_paper_denominators_count_every_row():
     assert m["sycophancy.consistency_all"]["parse_fail"] == 1
 
 
+def test_sycophancy_rate_all_counts_only_its_own_unparsed_rows():
+    """The all-rows sycophancy rate reads only the biased answer, so an unparsed *clean* answer is no parse failure of
+    it (it was counted as one: `unparsed 192` of 192 rows when 86 of them had parsed); consistency_all reads both."""
+    recs = [_syc("a", "clean", None), _syc("a", "biased", "yes"), _syc("b", "clean", None), _syc("b", "biased", None),
+            _syc("c", "clean", "no"), _syc("c", "biased", "no")]
+    m = SY.metrics(recs)
+    assert m["sycophancy.sycophancy_rate_all"]["parse_fail"] == 1
+    assert m["sycophancy.sycophancy_rate"]["parse_fail"] == 1
+    assert m["sycophancy.consistency_all"]["parse_fail"] == 2
+    assert m["sycophancy.sycophancy_rate_all"]["value"] == pytest.approx(1 / 3)
+
+
 def _aw(fact, variant, verdict, response=""):
     return {"suite": "awareness", "item_id": f"{fact}-{variant}-{verdict}-{len(response)}", "fact_id": fact,
             "variant": variant, "verdict": verdict, "response": response, "domain": "d", "split": "train"}
