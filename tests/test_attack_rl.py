@@ -95,6 +95,16 @@ def test_held_out_behaviours_are_never_in_the_attackers_data(test_attacker):
         check_held_out(train, [unused], data["requests"])
 
 
+def test_no_training_behaviour_left_is_an_error_naming_the_cause():
+    """`--attack-targets all` on a model that refuses every harmful request directly leaves the RL attacker no
+    training behaviour (every one of the training categories is a target); that was a ZeroDivisionError after the
+    other attackers had run."""
+    everything = [it for it in JB.world_items(0) if it["harmful"]]
+    with pytest.raises(OpctError, match="no training behaviours.*--attack-targets"):
+        training_behaviours(ScriptedPolicy(responder(lambda t: False)), JB.world_items(0), everything, world_judge(),
+                            small(), Gen(8, 0.1))
+
+
 def _queries(log, request):
     return sum(request in t for t in log)
 

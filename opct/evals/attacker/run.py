@@ -46,6 +46,10 @@ def training_behaviours(policy, items: list[dict], targets: list[dict], judge, c
 
         pool = [it for it in request_items() if it["harmful"] and it["split"] == "train"
                 and _norm(it["request"]) not in treq]
+    if not pool:
+        raise OpctError("rl attacker: no training behaviours left: every harmful behaviour of the training categories "
+                        "is an attack target (--attack-targets all, refused directly); use --attack-targets heldout "
+                        "or --no-rl-attack")
     k = cfg.attack_direct_samples
     prompts = [[{"role": "user", "content": it["request"]}] for it in pool for _ in range(k)]
     verdicts = judge.judge([p[0]["content"] for p in prompts], generate(policy, prompts, gen, seed + 11,
