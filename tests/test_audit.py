@@ -395,3 +395,26 @@ def test_results_jsonl_of_the_wrong_shape_names_its_line(tmp_path, capsys, lines
     (tmp_path / "results.jsonl").write_text("\n".join(lines) + "\n")
     err = cli_error(capsys, ["audit", "--out", str(tmp_path), "--report-only"])
     assert f"{tmp_path / 'results.jsonl'}{where}" in err
+
+
+def test_a_partial_audit_lists_what_its_config_planned_and_it_lacks(tmp_path):
+    """A killed audit's report (or --report-only beside a running one) named a planned organism "not audited" and
+    said nothing of the missing cells, so it read like a complete audit."""
+    from opct.audit.render import html_report, markdown
+
+    (tmp_path / "config.json").write_text(json.dumps({"organisms": [RH.NAME, SYC.NAME], "methods": ["bct", "k1"],
+                                                       "seeds": [0, 1]}))
+    s = _summary(tmp_path, [_cell_rows(RH.NAME, "bct", [-0.2])])  # only reward_hacking / bct / seed 0 finished
+    assert s["missing"] == [f"{RH.NAME} seed 1: organism not measured yet",
+                            f"{SYC.NAME} seed 0: organism not measured yet",
+                            f"{SYC.NAME} seed 1: organism not measured yet",
+                            f"{RH.NAME} / bct / seed 1: not run yet",
+                            f"{RH.NAME} / k1 / seed 0: not run yet", f"{RH.NAME} / k1 / seed 1: not run yet",
+                            f"{SYC.NAME} / bct / seed 0: not run yet", f"{SYC.NAME} / bct / seed 1: not run yet",
+                            f"{SYC.NAME} / k1 / seed 0: not run yet", f"{SYC.NAME} / k1 / seed 1: not run yet"]
+    md = markdown(s)
+    assert "**Missing (10, not in the numbers below):**" in md.split("## The paper's findings")[0]
+    assert f"- {SYC.NAME} / k1 / seed 1: not run yet" in md
+    assert f"<li>{SYC.NAME} / k1 / seed 1: not run yet</li>" in html_report(s, md).split("<h2>")[0]
+    (tmp_path / "config.json").unlink()  # no config (an audit written before it): nothing to compare with
+    assert _summary(tmp_path, [_cell_rows(RH.NAME, "bct", [-0.2])])["missing"] == []

@@ -108,7 +108,10 @@ def _findings(summary: dict) -> list[str]:
 
 
 def markdown(summary: dict) -> str:
-    return "\n".join(["# Misalignment audit", "", *_findings(summary), *_organisms(summary), *_cells(summary)])
+    missing = summary.get("missing") or []
+    top = [f"**Missing ({len(missing)}, not in the numbers below):**", "", *[f"- {m}" for m in missing], ""] \
+        if missing else []
+    return "\n".join(["# Misalignment audit", "", *top, *_findings(summary), *_organisms(summary), *_cells(summary)])
 
 
 # ------------------------------------------------------------------------------------------ HTML
@@ -205,6 +208,9 @@ def _eta_plots(summary: dict) -> str | None:
 
 def html_report(summary: dict, md: str) -> str:
     parts = ["<html><head><meta charset='utf-8'><title>opct audit</title></head><body>", "<h1>Misalignment audit</h1>"]
+    if summary.get("missing"):
+        parts.append(f"<p><b>Missing ({len(summary['missing'])}, not in the numbers below):</b></p><ul>"
+                     + "".join(f"<li>{html.escape(m)}</li>" for m in summary["missing"]) + "</ul>")
     if summary["cells"]:
         for title, value in (("Change in misalignment rate (after - before), 95% interval", _change("change")),
                              ("Change in capability", _change("capability_change")),

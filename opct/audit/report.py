@@ -17,7 +17,7 @@ from pathlib import Path
 from opct.audit import diagnostic as D
 from opct.audit.run import CAPABILITY, read_results
 from opct.errors import DataError, OpctError
-from opct.files import read_appended_jsonl, write_atomic, write_json_atomic
+from opct.files import read_appended_jsonl, read_json, write_atomic, write_json_atomic
 
 COLLAPSE = 0.10  # a rise of the unparsed share above this (10 points) flags a collapse
 
@@ -116,6 +116,21 @@ def _cell(out: Path, organism: str, method: str, by_seed: dict, before: dict) ->
         "seconds": sum(by_seed[s]["seconds"]["total"] for s in seeds)}
 
 
+def _missing(out: Path, rows: list[dict]) -> list[str]:
+    """What OUT/config.json plans and results.jsonl lacks yet (a killed or running audit): without this a planned
+    organism read as "not audited" and the report of a partial audit like that of a complete one."""
+    path = out / "config.json"
+    cfg = read_json(path, "config") if path.exists() else None
+    if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k), list) for k in ("organisms", "methods", "seeds")):
+        return []
+    have = {(r["kind"], r["organism"], r.get("method"), r["seed"]) for r in rows if r["kind"] != "base"}
+    orgs = [f"{o} seed {s}: organism not measured yet" for o in cfg["organisms"] for s in cfg["seeds"]
+            if ("organism", o, None, s) not in have]
+    cells = [f"{o} / {m} / seed {s}: not run yet" for o in cfg["organisms"] for m in cfg["methods"]
+             for s in cfg["seeds"] if ("cell", o, m, s) not in have]
+    return orgs + cells
+
+
 def summarise(out) -> dict:
     from opct.audit.findings import findings
     from opct.audit.methods import METHOD_NAMES
@@ -132,6 +147,7 @@ def summarise(out) -> dict:
     order = {m: i for i, m in enumerate(METHOD_NAMES)}
     base = next((r for r in rows if r["kind"] == "base"), None)
     summary = {"organisms": _organisms(rows), "cells": [], "collapse_threshold": COLLAPSE,
+               "missing": _missing(out, rows),
                "protected_base": None if base is None else {
                    k: {"rate": v["misalignment"], "unparsed": v["unparsed"], CAPABILITY: v[CAPABILITY]}
                    for k, v in base["sycophancy_probes"].items()} | {"target": base["target"]}}
