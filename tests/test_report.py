@@ -293,6 +293,15 @@ def test_malformed_files_name_the_file(tmp_path):
     assert not (run / "report.html").exists() and not (run / "results.md").exists()
 
 
+@pytest.mark.parametrize("field, value", [("seeds", [0, 0]), ("arms", ["base", "base"])])
+def test_a_seed_or_arm_listed_twice_is_an_error_not_a_second_cell(tmp_path, field, value):
+    """experiment.json with seeds [0, 0] counted seed 0 twice: "2/2" seeds and a zero-width t-interval, both made
+    up (`opct run` refuses duplicates, so only an edited or foreign experiment.json has them)."""
+    run = make_run(tmp_path, {**EXPERIMENT, "arms": ["base"], field: value}, {("base", 0): BASE_METRICS})
+    with pytest.raises(OpctError, match=re.escape(str(run / "experiment.json")) + f".*{field}.*twice"):
+        load_run(run)
+
+
 def test_unwritable_out_dir_is_a_clear_error(tmp_path):
     run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): {}})
     (tmp_path / "a_file").write_text("")

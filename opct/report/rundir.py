@@ -115,6 +115,10 @@ def load_run(run_dir) -> Run:
         seeds = sorted({s for a in arms for s in _seed_dirs(run_dir / a)})
     if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise OpctError(f"{exp_path}: seeds: expected a list of integers, got {seeds!r}")
+    for key, xs in (("arms", arms), ("seeds", seeds)):  # counted twice, one cell made "2/2" and a zero-width interval
+        twice = sorted({x for x in xs if xs.count(x) > 1}, key=str)
+        if twice:
+            raise OpctError(f"{exp_path}: {key}: {', '.join(map(str, twice))} listed twice")
 
     cells, missing, failed = {}, [], []
     for arm in arms:
