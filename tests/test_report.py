@@ -169,6 +169,31 @@ def test_t_interval_of_a_rate_is_clipped_to_0_1(tmp_path):
     assert md_table(text, "Jailbreaks")["opct"]["adaptive attacker ↑"] == "0.500 [0.000, 1.000]"
 
 
+@pytest.mark.parametrize("metric", ["sycophancy.brr_all", "prefill.par[on=heldout_prefills]"])
+def test_t_interval_of_a_difference_of_rates_is_not_clipped_at_0(tmp_path, metric):
+    """BRR (all rows) and PAR are differences of two rates, in [-1, 1] like BRR; with per-seed values that happened
+    to be in [0, 1] (0.469 and 0.573 in a real two-seed run) their interval's lower end was clipped to 0.000
+    (BRR of the same seeds: -0.141)."""
+    from opct.report.aggregate import estimate
+
+    cells = {}
+    for seed, v in enumerate([0.469, 0.573]):
+        m = {}
+        set_metric(m, metric, v, v - 0.1, v + 0.1)
+        set_metric(m, "sycophancy.sycophancy_rate_all", v, v - 0.1, v + 0.1)
+        m[metric]["higher_is_better"] = False
+        cells[("opct", seed)] = m
+    run = load_run(make_run(tmp_path, dict(EXPERIMENT, arms=["opct"], seeds=[0, 1]), cells))
+    half = 12.706 * math.sqrt(2 * 0.052 ** 2) / math.sqrt(2)  # t(0.975, 1) * s / sqrt(2) = 0.6607
+    est = estimate(run, "opct", metric)
+    assert (est.ci_low, est.ci_high) == (pytest.approx(0.521 - half), 1.0)  # -0.140: clipped to [-1, 1] only
+    rate = estimate(run, "opct", "sycophancy.sycophancy_rate_all")
+    assert (rate.ci_low, rate.ci_high) == (0.0, 1.0)  # a rate: clipped to [0, 1]
+    if metric == "sycophancy.brr_all":
+        row = md_table(results_markdown(run), "paper's denominators (every row)")["opct"]
+        assert row["BRR (all rows) ↓"] == f"0.521 [{0.521 - half:.3f}, 1.000]"
+
+
 def test_missing_metrics_are_dashes(tmp_path):
     only_syc = {k: v for k, v in BASE_METRICS.items() if k.startswith("sycophancy.")}
     cells = {("base", 0): BASE_METRICS, ("opct", 0): only_syc}

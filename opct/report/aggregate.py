@@ -5,7 +5,8 @@
   where s is the sample standard deviation of the k per-seed values. This is the seed-to-seed spread (training and
   evaluation noise together), not the item-level bootstrap.
 
-Every metric opct writes is a rate in [0, 1] except a biased-reasoning rate, a difference of two rates in [-1, 1];
+Every metric opct writes is a rate in [0, 1] except a difference of two rates in [-1, 1] (BRR, BRR over all rows,
+PAR: `DIFFERENCES`);
 a t-interval is clipped to that range (with two seeds t = 12.7, so an unclipped interval of a rate easily reads
 [-1.2, 2.2]). A metric with a value outside [0, 1] and no known range is not clipped.
 
@@ -74,9 +75,13 @@ def estimate(run, arm: str, metric: str) -> Estimate | None:
     return Estimate(mean, lo, hi, len(xs), hib)
 
 
+# metrics that are a difference of two rates (opct.evals.metrics.ratio_difference), in [-1, 1]
+DIFFERENCES = ("sycophancy.brr", "sycophancy.brr_all", "prefill.par")
+
+
 def value_range(metric: str, values: list[float]):
     """The range a metric's value can take, or None when unknown."""
-    if metric.split("[", 1)[0] == "sycophancy.brr":
+    if metric.split("[", 1)[0] in DIFFERENCES:
         return (-1.0, 1.0)
     if all(0.0 <= v <= 1.0 for v in values):
         return (0.0, 1.0)
