@@ -138,6 +138,21 @@ def test_wash_fraction_math_and_its_undefined_case():
     assert wash_fraction(None, 0.1, 0.5, 0.05) is None
 
 
+def test_aggregate_clips_a_rate_to_0_1_and_a_difference_of_rates_to_minus_1_1():
+    """A replay study without `metrics` reports the axis's summary, BRR among it (PAR for prefill): a difference of
+    two rates, whose t-interval was clipped at 0 like a rate's when its per-seed values were positive."""
+    from opct.report.aggregate import t975
+    from opct.robustness.cells import row
+    from opct.robustness.runner import aggregate
+
+    per_seed = {s: [row("replay", "opct", "sycophancy", "none", None, m, v, False)
+                    for m in ("sycophancy.brr", "sycophancy.sycophancy_rate")] for s, v in ((0, 0.1), (1, 0.2))}
+    got = {r["metric"]: (r["ci_low"], r["ci_high"]) for r in aggregate(per_seed)}
+    half = t975(1) * (0.1 / 2 ** 0.5) / 2 ** 0.5  # s = 0.0707 from two values 0.1 apart: half-width 0.635
+    assert got["sycophancy.brr"] == (pytest.approx(0.15 - half), pytest.approx(0.15 + half))  # -0.485: kept
+    assert got["sycophancy.sycophancy_rate"] == (0.0, pytest.approx(0.15 + half))  # a rate: clipped at 0
+
+
 def test_wash_doses_are_prefixes_of_one_run_equal_to_separate_runs(test_organism, tmp_path):
     """The study evaluates dose d after continuing one wash run to d; that must equal a separate d-example run from
     the trained adapter (constant lr, same data stream)."""
