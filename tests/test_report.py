@@ -327,6 +327,19 @@ def test_a_seed_or_arm_listed_twice_is_an_error_not_a_second_cell(tmp_path, fiel
         load_run(run)
 
 
+@pytest.mark.parametrize("probe", [{"summary": {"change": {}}}, {"summary": {"change": {"opct": [0.1]}}},
+                                   {"summary": {"change": {"opct": [0.1]}, "pairs": {}}, "arms": ["opct"],
+                                    "methods": {"opct": "opct"}}])
+def test_a_mechanism_json_of_another_shape_is_an_error_naming_it(tmp_path, capsys, probe):
+    """mechanism.json holding a summary.change but not the rest (an older or hand-edited file) was a KeyError /
+    AttributeError traceback from `opct report`."""
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): BASE_METRICS})
+    (run / "mechanism.json").write_text(json.dumps(probe))
+    assert main(["report", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"{run / 'mechanism.json'}: not a mechanism probe result" in err and "Traceback" not in err
+
+
 def test_unwritable_out_dir_is_a_clear_error(tmp_path):
     run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): {}})
     (tmp_path / "a_file").write_text("")

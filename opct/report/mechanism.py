@@ -272,8 +272,8 @@ def load(run_dir) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text())
-        data["summary"]["change"]  # noqa: B018 - the file must hold a summary
-    except (ValueError, KeyError, TypeError):
+        markdown(data)  # the file must hold what the report shows: a summary of every arm it names
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, StopIteration):
         raise OpctError(f"{path}: not a mechanism probe result (rerun `opct mechanism {run_dir}`)") from None
     return data
 
