@@ -327,6 +327,17 @@ def test_a_seed_or_arm_listed_twice_is_an_error_not_a_second_cell(tmp_path, fiel
         load_run(run)
 
 
+@pytest.mark.parametrize("field, value", [("arm_specs", ["base"]), ("arm_specs", {"base": "base"}),
+                                          ("trained", {"sycophancy": "suggested_answer"})])
+def test_experiment_fields_of_the_wrong_shape_name_the_file(tmp_path, capsys, field, value):
+    """arm_specs not a mapping of arm -> mapping was an AttributeError traceback; `trained` with a family string
+    instead of a list listed its letters as the trained families ("s, u, g, g, e, ...")."""
+    run = make_run(tmp_path, {**EXPERIMENT, "arms": ["base"], field: value}, {("base", 0): BASE_METRICS})
+    assert main(["report", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"{run / 'experiment.json'}: {field}" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("probe", [{"summary": {"change": {}}}, {"summary": {"change": {"opct": [0.1]}}},
                                    {"summary": {"change": {"opct": [0.1]}, "pairs": {}}, "arms": ["opct"],
                                     "methods": {"opct": "opct"}}])

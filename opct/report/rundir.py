@@ -119,6 +119,11 @@ def load_run(run_dir) -> Run:
         twice = sorted({x for x in xs if xs.count(x) > 1}, key=str)
         if twice:
             raise OpctError(f"{exp_path}: {key}: {', '.join(map(str, twice))} listed twice")
+    specs, trained = exp.get("arm_specs"), exp.get("trained")
+    if specs is not None and not (isinstance(specs, dict) and all(isinstance(v, dict) for v in specs.values())):
+        raise OpctError(f"{exp_path}: arm_specs: expected a mapping of arm name -> its settings, got {specs!r}")
+    if isinstance(trained, dict) and not all(isinstance(v, list) for v in trained.values()):
+        raise OpctError(f"{exp_path}: trained: expected a mapping of axis -> list of families, got {trained!r}")
 
     cells, missing, failed = {}, [], []
     for arm in arms:
