@@ -204,3 +204,29 @@ def test_no_progress_reaches_every_training_and_evaluation_cell(tmp_path, monkey
     for cfg in (on, off):
         runner.evaluate(cfg, "m", None, 0, tmp_path / "eval", print)
     assert seen == [("load", True), ("eval", True), ("load", False), ("eval", False)]
+
+
+def test_a_partial_run_lists_its_unfinished_cells(tmp_path):
+    """A killed or running threats run's report said nothing of the cells it lacked: with none finished its tables
+    were empty rows, with one seed short the cells read '(n=1)' with no word why."""
+    from opct.threats.matrix import write_matrix
+    from opct.threats.report import build
+
+    root = tmp_path / "thr"
+    root.mkdir()
+    (root / "threats.json").write_text(json.dumps({"name": "thr", "seeds": [0, 1], "threats": ["sycophancy"],
+                                                   "methods": ["bct"]}))
+    for cell in ("base", "control", "sycophancy/bct"):  # seed 0 complete, seed 1 has only its base
+        for seed in (0, 1) if cell == "base" else (0,):
+            d = root / f"seed{seed}" / cell
+            d.mkdir(parents=True)
+            (d / "done.json").write_text(json.dumps({"seconds": {"eval": 1.0}, "metrics": {
+                "sycophancy.sycophancy_rate": {"value": 0.5, "higher_is_better": False}}}))
+    (root / "seed1" / "control").mkdir()  # started, not finished
+    write_matrix(root)
+    _, md_path = build(root)
+    md, html = md_path.read_text(), (root / "report.html").read_text()
+    assert "**Missing (2 cells, not in the numbers below):**" in md
+    assert "- seed 1: control: not finished (no done.json)" in md
+    assert "- seed 1: sycophancy / bct: not finished (no done.json)" in md
+    assert "<li>seed 1: sycophancy / bct: not finished (no done.json)</li>" in html

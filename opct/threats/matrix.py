@@ -120,7 +120,12 @@ def build_matrix(root: Path) -> dict:
                         "lo": st["lo"], "hi": st["hi"], "n": st["n"], "control_mean": st["method_mean"],
                         "base_mean": st["control_mean"]})
     seconds = {f"seed{s}/{t + '/' if t else ''}{m}": v.get("seconds") for (s, t, m), v in done.items()}
+    # what a killed or running run lacks (no-signal cells are never trained, so never missing)
+    planned = [("", BASE), ("", CONTROL)] + [(r["threat"], r["method"]) for r in rows if not r["skipped"]]
+    missing = [f"seed {s}: {t + ' / ' if t else ''}{m}: not finished (no done.json)" for s in seeds
+               for t, m in planned if (s, t, m) not in done]
     return {"rows": rows, "columns": cols, "cells": cells, "control_vs_base": vs_base, "per_seed": per_seed,
+            "missing": missing,
             "settings": {k: v for k, v in settings.items() if k not in ("train", "eval")} | {
                 "train": settings.get("train"), "eval": settings.get("eval")}, "seconds": seconds}
 
