@@ -290,3 +290,22 @@ def test_flags_and_shipped_file(tmp_path, capsys):
         capsys, ["run", str(ROOT / "configs" / "robustness.yaml"), "--arms", "base"])
     assert "--no-benign: not a setting of a robustness file" in cli_error(  # named as typed
         capsys, ["run", str(ROOT / "configs" / "robustness.yaml"), "--no-benign"])
+
+
+def test_a_partial_run_lists_its_unfinished_cells(tmp_path):
+    """A killed or running robustness run's report showed its missing (study, seed) cells only as '–' seconds."""
+    from opct.robustness.cells import row
+    from opct.robustness.report import build
+    from opct.robustness.runner import write_aggregate
+
+    (tmp_path / "study.json").write_text(json.dumps({"name": "rob", "seeds": [0, 1],
+                                                      "studies": {"replay": {}, "washout": {}}}))
+    (tmp_path / "replay" / "seed0").mkdir(parents=True)
+    (tmp_path / "replay" / "seed0" / "rows.json").write_text(json.dumps({"seconds": 3.0, "rows": [
+        row("replay", "opct", "sycophancy", "none", None, "sycophancy.sycophancy_rate", 0.2, False)]}))
+    write_aggregate(tmp_path)
+    html_path, md_path = build(tmp_path)
+    md = md_path.read_text()
+    assert "**Missing (3 cells, not in the numbers below):**" in md
+    assert "- replay seed 1: not finished (no rows.json)" in md and "- washout seed 0: not finished" in md
+    assert "<li>washout seed 1: not finished (no rows.json)</li>" in html_path.read_text()
