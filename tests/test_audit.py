@@ -354,7 +354,7 @@ def test_one_cell_end_to_end_and_resume(test_organism, tmp_path):
     assert {c["method"] for c in summary["cells"]} == {"self_confidence", "bct"}
     md = paths["md"].read_text()
     assert "unparsed before -> after" in md and "collapse" in md and "The paper's findings" in md
-    assert "<img" in paths["html"].read_text()
+    assert "<img" in paths["html"].read_text() and paths["html"].read_text().startswith("<!DOCTYPE html>")
 
     run_audit(cfg, log=lambda m: None)  # resume: nothing left to do
     assert len((out / "results.jsonl").read_text().splitlines()) == 3

@@ -230,3 +230,10 @@ def test_a_partial_run_lists_its_unfinished_cells(tmp_path):
     assert "- seed 1: control: not finished (no done.json)" in md
     assert "- seed 1: sycophancy / bct: not finished (no done.json)" in md
     assert "<li>seed 1: sycophancy / bct: not finished (no done.json)</li>" in html
+
+
+def test_a_delta_that_rounds_to_zero_reads_zero_never_minus_zero():
+    from opct.threats.report import cell_text
+
+    assert cell_text({"value": -0.001, "lo": -0.004, "hi": 0.126, "n": 3}) == "0.00 [0.00, +0.13]"
+    assert cell_text({"value": -0.05, "lo": None, "hi": None, "n": 1}) == "-0.05 (n=1)"

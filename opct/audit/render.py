@@ -207,7 +207,9 @@ def _eta_plots(summary: dict) -> str | None:
 
 
 def html_report(summary: dict, md: str) -> str:
-    parts = ["<html><head><meta charset='utf-8'><title>opct audit</title></head><body>", "<h1>Misalignment audit</h1>"]
+    # the doctype keeps browsers out of quirks mode (opct.report.page writes the experiment report's the same way)
+    parts = ["<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'><title>opct audit</title></head><body>",
+             "<h1>Misalignment audit</h1>"]
     if summary.get("missing"):
         parts.append(f"<p><b>Missing ({len(summary['missing'])}, not in the numbers below):</b></p><ul>"
                      + "".join(f"<li>{html.escape(m)}</li>" for m in summary["missing"]) + "</ul>")

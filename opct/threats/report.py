@@ -20,7 +20,9 @@ NOTE = ("Each cell: the change against the sample-matched benign-SFT control of 
 
 
 def _signed(x: float) -> str:
-    return f"{x:+.2f}"
+    """+0.12 / -0.05; a value that rounds to zero is 0.00, never -0.00 (a delta of -1e-4 is no decrease)."""
+    s = f"{x:+.2f}"
+    return "0.00" if float(s) == 0 else s
 
 
 def cell_text(c: dict | None) -> str:
