@@ -9,6 +9,7 @@ import html
 import io
 
 from opct.audit.run import CAPABILITY
+from opct.report.page import left_out_md
 
 
 def _fmt(x, signed=False):
@@ -109,8 +110,7 @@ def _findings(summary: dict) -> list[str]:
 
 def markdown(summary: dict) -> str:
     missing = summary.get("missing") or []
-    top = [f"**Missing ({len(missing)}, not in the numbers below):**", "", *[f"- {m}" for m in missing], ""] \
-        if missing else []
+    top = [*left_out_md("Missing", str(len(missing)), missing), ""] if missing else []
     return "\n".join(["# Misalignment audit", "", *top, *_findings(summary), *_organisms(summary), *_cells(summary)])
 
 

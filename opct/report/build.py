@@ -82,11 +82,9 @@ def results_markdown(run: Run) -> str:
     if exp.get("note"):
         lines += ["", f"> **Note:** {str(exp['note']).strip()}"]
     if run.missing:
-        lines += ["", f"**Missing ({_cells(len(run.missing))}, not in the numbers below):**", ""]
-        lines += [f"- {m}" for m in _missing(run)]
+        lines += ["", *page.left_out_md("Missing", _cells(len(run.missing)), _missing(run))]
     if run.failed:
-        lines += ["", f"**Failed ({len(run.failed)}, not in the numbers below):**", ""]
-        lines += [f"- {m}" for m in _failed(run)]
+        lines += ["", *page.left_out_md("Failed", str(len(run.failed)), _failed(run))]
     lines += ["", tables.interval_note(run), ""]
     for i, t in enumerate(tables.paper_tables(run), 1):
         lines += [f"## {i}. {t.title}", "", tables.markdown(*tables.rows(run, t)), ""]
@@ -118,11 +116,9 @@ def report_html(run: Run) -> str:
     if exp.get("note"):
         top.append(page.para("Note: " + str(exp["note"]).strip(), "note"))
     if run.missing:
-        top.append(f'<div class="missing"><b>Missing ({_cells(len(run.missing))}, not in the numbers below):</b>'
-                   + page.bullet_list(_missing(run)) + "</div>")
+        top.append(page.left_out_html("Missing", _cells(len(run.missing)), _missing(run)))
     if run.failed:
-        top.append(f'<div class="missing"><b>Failed ({len(run.failed)}, not in the numbers below):</b>'
-                   + page.bullet_list(_failed(run)) + "</div>")
+        top.append(page.left_out_html("Failed", str(len(run.failed)), _failed(run)))
     top.append(page.para(tables.interval_note(run), "small"))
     sections = [("", top), ("Summary", [page.table_html(*tables.transposed(run, tables.summary_table()))])]
 

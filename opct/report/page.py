@@ -53,5 +53,15 @@ def bullet_list(items: list[str], cls: str = "") -> str:
     return f'<ul class="{cls}">{lis}</ul>' if cls else f"<ul>{lis}</ul>"
 
 
+def left_out_md(label: str, count: str, items: list[str]) -> list[str]:
+    """Markdown lines naming what a report's numbers leave out (`label`: Missing, Failed; `count`: "3 cells")."""
+    return [f"**{label} ({count}, not in the numbers below):**", "", *[f"- {m}" for m in items]]
+
+
+def left_out_html(label: str, count: str, items: list[str]) -> str:
+    """`left_out_md` as report.html shows it."""
+    return f'<div class="missing"><b>{label} ({count}, not in the numbers below):</b>' + bullet_list(items) + "</div>"
+
+
 def meta_list(pairs: list[tuple[str, str]]) -> str:
     return "<dl>" + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in pairs) + "</dl>"

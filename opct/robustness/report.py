@@ -139,16 +139,14 @@ def build(root) -> tuple[Path, Path]:
     missing = [f"{name} seed {seed}: not finished (no rows.json)" for name in settings.get("studies", {})
                for seed in settings.get("seeds", []) if not (root / name / f"seed{seed}" / "rows.json").exists()]
     if missing:  # a killed or running run
-        md += [f"**Missing ({len(missing)} cell{'s' if len(missing) != 1 else ''}, not in the numbers below):**", "",
-               *[f"- {m}" for m in missing], ""]
+        md += [*page.left_out_md("Missing", f"{len(missing)} cell{'s' if len(missing) != 1 else ''}", missing), ""]
     md += [NOTE, ""]
     html_secs = [("", [f"<h1>{page.escape('Robustness: ' + str(settings.get('name', root.name)))}</h1>",
                        page.para("written " + _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                                  "small"),
                        page.meta_list([("run", str(root)), ("model", str(settings.get("model"))),
                                        ("seeds", ", ".join(map(str, settings.get("seeds", []))))])]
-                  + ([f'<div class="missing"><b>Missing ({len(missing)}, not in the numbers below):</b>'
-                      + page.bullet_list(missing) + "</div>"] if missing else [])
+                  + ([page.left_out_html("Missing", str(len(missing)), missing)] if missing else [])
                   + [page.para(NOTE, "small")])]
     for i, (title, header, body) in enumerate(tables(agg, seeds), 1):
         md += [f"## {i}. {title}", "", _markdown(header, body), ""]

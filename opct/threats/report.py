@@ -144,8 +144,7 @@ def build(root) -> tuple[Path, Path]:
         md += [f"> {s['note']}", ""]
     missing = m.get("missing") or []
     if missing:
-        md += [f"**Missing ({len(missing)} cell{'s' if len(missing) != 1 else ''}, not in the numbers below):**", "",
-               *[f"- {x}" for x in missing], ""]
+        md += [*page.left_out_md("Missing", f"{len(missing)} cell{'s' if len(missing) != 1 else ''}", missing), ""]
     md += [NOTE, ""]
     header, body = table(m)
     md += ["## Change against the benign-SFT control", "", _markdown(header, body), ""]
@@ -159,8 +158,7 @@ def build(root) -> tuple[Path, Path]:
     sections = [("", [f"<h1>{page.escape('Cross-threat matrix: ' + name)}</h1>",
                       page.para("written " + _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                                 "small"), page.meta_list(facts)] + ([page.para(s["note"])] if s.get("note") else [])
-                 + ([f'<div class="missing"><b>Missing ({len(missing)}, not in the numbers below):</b>'
-                     + page.bullet_list(missing) + "</div>"] if missing else [])
+                 + ([page.left_out_html("Missing", str(len(missing)), missing)] if missing else [])
                  + [page.para(NOTE, "small")]),
                 ("Heatmap: change against the control", [heatmap_html(m)]),
                 ("Table", [page.table_html(header, body)]),
