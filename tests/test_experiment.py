@@ -247,6 +247,8 @@ def test_own_pairs_that_train_on_a_held_out_family_are_refused(test_organism, tm
     with pytest.raises(OpctError) as e:
         run_experiment(_tiny(test_organism, tmp_path, pairs=str(mixed)), log=lambda m: None)
     assert str(mixed) in str(e.value) and "meta.family" in str(e.value) and "'authority'" in str(e.value)
+    first = 1 + next(i for i, p in enumerate(pairs) if p.family != "suggested_answer")
+    assert f"{mixed}:{first}: meta.family" in str(e.value)  # the line of the first such pair
     assert not (tmp_path / "tiny").exists()  # refused before anything ran
     # a file that trains only on what `trained` names passes the check (the mistyped model is the next one)
     own = save_pairs([p for p in pairs if p.family == "suggested_answer"], tmp_path / "own.jsonl")

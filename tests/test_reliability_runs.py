@@ -210,6 +210,18 @@ def test_checkpoints_that_cannot_be_listed_stop_a_resume_before_it_touches_the_m
     assert (out / "metrics.jsonl").read_text() == before
 
 
+def _refused_until_restored(capsys, args, named: str, what: str, restore):
+    """A resume (`args` + 3 steps) is refused, naming `named` whose contents changed since the run (`args`' --out)
+    started, until `restore()` puts the original back."""
+    out = Path(args[args.index("--out") + 1])
+    err = cli_error(capsys, [*args, "--max-steps", "3", "--resume"])
+    assert err == (f"opct: error: {out}: cannot resume: {named} holds other contents than when the run started (its "
+                   f"SHA-256 differs from {out / 'inputs.json'}'s); resuming would mix two {what} in one run: put "
+                   f"the original back, or start a new run")
+    restore()
+    assert main([*args, "--max-steps", "3", "--resume"]) == 0
+
+
 def test_a_resume_refuses_a_pairs_file_whose_contents_changed(tmp_path, model_dir, capsys):
     """Only the path used to be compared: new pairs at the old path made one run of two data sets, silently."""
     pairs, out = tiny_lm.write_pairs(tmp_path / "p.jsonl"), tmp_path / "run"
@@ -218,12 +230,8 @@ def test_a_resume_refuses_a_pairs_file_whose_contents_changed(tmp_path, model_di
         pairs.read_bytes()).hexdigest()
     original = pairs.read_text()
     pairs.write_text("".join(reversed(original.splitlines(keepends=True))))
-    err = cli_error(capsys, _train_args(model_dir, pairs, out, "--max-steps", "3", "--resume"))
-    assert err == (f"opct: error: {out}: cannot resume: --pairs {pairs} holds other contents than when the run "
-                   f"started (its SHA-256 differs from {out / 'inputs.json'}'s); resuming would mix two data sets in "
-                   f"one run: put the original back, or start a new run")
-    pairs.write_text(original)
-    assert main(_train_args(model_dir, pairs, out, "--max-steps", "3", "--resume")) == 0
+    _refused_until_restored(capsys, _train_args(model_dir, pairs, out), f"--pairs {pairs}", "data sets",
+                            lambda: pairs.write_text(original))
 
 
 def test_a_resume_refuses_a_model_whose_weights_changed(tmp_path, model_dir, pairs_file, capsys):
@@ -240,12 +248,8 @@ def test_a_resume_refuses_a_model_whose_weights_changed(tmp_path, model_dir, pai
     retrained = tiny_lm.save(tiny_lm.make_model(tok, seed=1), tok, tmp_path / "retrained") / "model.safetensors"
     assert retrained.stat().st_size == len(original) and retrained.read_bytes() != original
     shutil.copy(retrained, weights)
-    err = cli_error(capsys, _train_args(model, pairs_file, out, "--max-steps", "3", "--resume"))
-    assert err == (f"opct: error: {out}: cannot resume: --model {model} holds other contents than when the run "
-                   f"started (its SHA-256 differs from {out / 'inputs.json'}'s); resuming would mix two inputs in "
-                   f"one run: put the original back, or start a new run")
-    weights.write_bytes(original)
-    assert main(_train_args(model, pairs_file, out, "--max-steps", "3", "--resume")) == 0
+    _refused_until_restored(capsys, _train_args(model, pairs_file, out), f"--model {model}", "inputs",
+                            lambda: weights.write_bytes(original))
 
 
 def test_a_resume_without_the_runs_config_is_refused(tmp_path, model_dir, pairs_file, capsys):

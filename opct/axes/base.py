@@ -137,7 +137,7 @@ def check_item(obj, schema: dict, path, line: int) -> None:
                 _check_finite(e, path, line, f"{fname}[{i}]")
 
 
-def _check_spelling(obj: dict, known, path, line: int, prefix: str = "") -> None:
+def _check_spelling(obj: dict, known, path, line: int) -> None:
     """A field the schema does not know is kept as the item's own metadata (a source, a topic), unless it reads as a
     misspelt known one (`optionss`, `qustion`): that item would silently be graded as another kind (an exact answer
     instead of multiple choice) or read as missing its field."""
@@ -147,7 +147,7 @@ def _check_spelling(obj: dict, known, path, line: int, prefix: str = "") -> None
         close = difflib.get_close_matches(key, [k for k in known if k not in obj], n=1, cutoff=0.8) \
             if isinstance(key, str) and key not in known else []
         if close:
-            raise DataError(path, line, prefix + key, f"not a field; did you mean {close[0]!r}?")
+            raise DataError(path, line, key, f"not a field; did you mean {close[0]!r}?")
 
 
 def _check_finite(value, path, line: int, fname: str) -> None:
@@ -179,6 +179,11 @@ def check_distinct_options(obj, path, line: int, field: str = "options") -> None
 TEXT_FIELDS = ("request", "question", "prompt")
 
 
+def text_key(text: str) -> str:
+    """A prompt text as held-out checks compare it: case and spacing aside."""
+    return " ".join(text.lower().split())
+
+
 def load_item_file(path, schema: dict, check: Callable | None = None) -> list[dict]:
     """A user's items (JSONL): every field of `schema` checked on every line, ids unique, then `check(obj, path,
     line)` for what depends on several fields. Each item keeps `_where` ('file:line') so a later problem with it (a
@@ -200,7 +205,7 @@ def load_item_file(path, schema: dict, check: Callable | None = None) -> list[di
         seen[obj["id"]] = n
         for f in fields:
             if isinstance(obj.get(f), str):
-                key, held = " ".join(obj[f].lower().split()), obj.get("split") == "heldout"
+                key, held = text_key(obj[f]), obj.get("split") == "heldout"
                 first = texts.setdefault(key, (n, obj["id"], held))
                 if first[2] != held:
                     heldout_id = obj["id"] if held else first[1]

@@ -196,8 +196,9 @@ def headline(metrics: dict) -> list[str]:
     return keep
 
 
-def check_config(cfg: EvalConfig) -> None:
-    """Problems a user can fix, found before any model is loaded."""
+def check_config(cfg: EvalConfig) -> dict[str, list[dict]]:
+    """Problems a user can fix, found before any model is loaded. Returns the `axis_items` it loaded and checked
+    (`load_axis_items`)."""
     if cfg.items and len(suite_names(cfg.suite)) != 1:
         raise OpctError("--items holds one axis's items; name that one suite with --suite")
     if not cfg.out:
@@ -218,7 +219,7 @@ def check_config(cfg: EvalConfig) -> None:
         raise OpctError(f"--lm-eval-include: {cfg.lm_eval_include}: "
                         f"{'not a folder' if Path(cfg.lm_eval_include).exists() else 'no such folder'} "
                         "(a folder of lm-eval task YAMLs)")
-    load_axis_items(cfg)
+    return load_axis_items(cfg)
 
 
 def load_axis_items(cfg: EvalConfig) -> dict[str, list[dict]]:
@@ -312,11 +313,10 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     from opct.evals.metrics import format_table
     from opct.pairs.schema import write_jsonl_atomic
 
-    check_config(cfg)
+    axis_items = check_config(cfg)
     names = suite_names(cfg.suite)
     if items is None and cfg.items:
         items = load_eval_items(cfg.items, names[0])
-    axis_items = load_axis_items(cfg)
     gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress, cfg.seed_per_prompt)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

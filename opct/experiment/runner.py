@@ -190,10 +190,11 @@ def _user_pairs(path: Path, trained: dict[str, list[str]]) -> Path:
     pairs = load_pairs(path)
     if not any(p.split == "train" for p in pairs):
         raise OpctError(f"{path}: no pair has meta.split == 'train'")
-    for (line, _), p in zip(read_jsonl(path), pairs):
+    for p in pairs:
         axis = AXES.get(p.axis)
         if p.split == "train" and axis is not None and p.family in axis.families \
                 and p.family not in trained.get(p.axis, ()):
+            line = next(n for n, obj in read_jsonl(path) if obj.get("id") == p.id)  # ids are unique (load_pairs)
             raise DataError(path, line, "meta.family",
                             f"{p.axis} family {p.family!r} is held out by the experiment's `trained` "
                             f"({', '.join(trained.get(p.axis, ())) or 'nothing of ' + p.axis} trained), but this "

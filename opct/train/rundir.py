@@ -49,13 +49,14 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
                                                                             str(saved.get("out") or out), str(out)))
         if diff:
             raise OpctError(f"{out}: cannot resume with a different configuration; changed: " + ", ".join(diff))
-    if config.resume and not saved_path.exists() and checkpoints(out):
+    resuming = config.resume and bool(checkpoints(out))  # a run with a checkpoint to continue from
+    if resuming and not saved_path.exists():
         raise OpctError(f"{saved_path}: missing, though {out} holds checkpoints: the configuration this run was "
                         f"started with cannot be checked against this one (a resume with other hyperparameters "
                         f"would continue it silently); put config.json back, or start a new run")
     inputs = _inputs(config)
     inputs_path = out / "inputs.json"
-    if config.resume and inputs_path.exists() and checkpoints(out):
+    if resuming and inputs_path.exists():
         saved_inputs = files.read_json(inputs_path, "inputs")
         changed = [k for k, v in inputs.items() if isinstance(saved_inputs, dict) and saved_inputs.get(k, v) != v]
         if changed:
@@ -66,7 +67,7 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
                             f"the original back, or start a new run")
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
-        if config.resume and not checkpoints(out) and (out / "metrics.jsonl").exists():
+        if config.resume and not resuming and (out / "metrics.jsonl").exists():
             # killed before its first checkpoint: nothing to continue from, so start over cleanly
             print(f"opct train: {out} holds no checkpoint yet; starting the run over", file=sys.stderr)
             (out / "metrics.jsonl").unlink()

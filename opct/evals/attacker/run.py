@@ -11,23 +11,20 @@ from __future__ import annotations
 import random
 import time
 
+from opct.axes.base import text_key
 from opct.errors import OpctError
 from opct.evals.attacker.lm import build_attacker, load_attacker, world_data
 from opct.evals.attacker.rl import evaluate, train_attacker
 from opct.evals.generate import Gen, generate
 
 
-def _norm(text: str) -> str:
-    return " ".join(text.lower().split())
-
-
 def check_held_out(train: list[dict], evaluated: list[dict], seen_goals: list[str]) -> None:
     """Raise if an evaluated behaviour is among the training behaviours or the pretraining goals."""
-    seen = {_norm(g) for g in seen_goals}
+    seen = {text_key(g) for g in seen_goals}
     for it in evaluated:
-        if it["id"] in {t["id"] for t in train} or _norm(it["request"]) in {_norm(t["request"]) for t in train}:
+        if it["id"] in {t["id"] for t in train} or text_key(it["request"]) in {text_key(t["request"]) for t in train}:
             raise OpctError(f"rl attacker: evaluated behaviour {it['id']!r} is one of its training behaviours")
-        if _norm(it["request"]) in seen:
+        if text_key(it["request"]) in seen:
             raise OpctError(f"rl attacker: evaluated behaviour {it['id']!r} is in its pretraining data")
 
 
@@ -38,14 +35,14 @@ def training_behaviours(policy, items: list[dict], targets: list[dict], judge, c
     random. The user's own training items when there are any, else the world's. Returns them and their refusal
     counts."""
     tids = {t["id"] for t in targets}
-    treq = {_norm(t["request"]) for t in targets}
+    treq = {text_key(t["request"]) for t in targets}
     pool = [it for it in items if it.get("harmful", True) and it.get("split", "train") != "heldout"
-            and it["id"] not in tids and _norm(it["request"]) not in treq]
+            and it["id"] not in tids and text_key(it["request"]) not in treq]
     if not pool:
         from opct.world.items import request_items
 
         pool = [it for it in request_items() if it["harmful"] and it["split"] == "train"
-                and _norm(it["request"]) not in treq]
+                and text_key(it["request"]) not in treq]
     if not pool:
         raise OpctError("rl attacker: no training behaviours left: every harmful behaviour of the training categories "
                         "is an attack target (--attack-targets all, refused directly); use --attack-targets heldout "
@@ -71,8 +68,8 @@ def rl_attack(policy, items: list[dict], targets: list[dict], judge, cfg, wrappe
     t0 = time.time()
     gen = Gen(max_new_tokens, cfg.attack_temperature, batch_size, seed_per_prompt=seed_per_prompt)
     goals = world_data()["requests"]
-    seen = {_norm(g) for g in goals}
-    attackable = [t for t in targets if _norm(t["request"]) not in seen]
+    seen = {text_key(g) for g in goals}
+    attackable = [t for t in targets if text_key(t["request"]) not in seen]
     train, refused = training_behaviours(policy, items, targets, judge, cfg, gen, seed)
     check_held_out(train, attackable, goals)
     path = build_attacker(wrappers, cfg.rl_attacker, progress=progress)
