@@ -3,6 +3,7 @@ over-refusal), its awareness teacher, its objective (the token-sum importance-sa
 offpolicy, SFT+OPCT, benign-regularised BCT)."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -212,6 +213,31 @@ def test_offpolicy_trains_on_trajectories_sampled_once(tmp_path, model_dir, pair
                       lr=1e-3, resume=True, **SMALL))
     assert calls == []  # resumed: the same trajectories, read back
     assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("method,extra", [("offpolicy", {}), ("bct", {"target_temperature": 1.0})])
+def test_a_run_killed_before_its_first_checkpoint_resumes_to_the_uninterrupted_run(tmp_path, model_dir, pairs_file,
+                                                                                   method, extra):
+    """Killed after its trajectories (offpolicy) or sampled targets (bct) were written, before any checkpoint: the
+    resume reads them back instead of sampling, and must still train as the uninterrupted run did. With LoRA dropout
+    the steps draw from the RNG, so sampling them in `prepare` used to shift every dropout mask of the fresh run
+    against the resumed one."""
+    from safetensors.torch import load_file
+
+    def run(out, **kw):
+        return train(TrainConfig(method=method, model=str(model_dir), pairs=str(pairs_file), out=str(out), max_steps=3,
+                                 lr=1e-2, lora_dropout=0.3, **{**SMALL, "save_every": 2, **extra, **kw}))
+
+    whole, cut = run(tmp_path / "whole"), run(tmp_path / "cut")
+    prepared = {"offpolicy": "trajectories.jsonl", "bct": "targets.jsonl"}[method]
+    kept = (cut / prepared).read_bytes()
+    shutil.rmtree(cut / "checkpoints"), shutil.rmtree(cut / "final"), (cut / "metrics.jsonl").unlink()
+    run(cut, resume=True)
+    assert (cut / prepared).read_bytes() == kept  # read back, not sampled again
+    a, b = (load_file(d / "final" / "adapter_model.safetensors") for d in (whole, cut))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    losses = [[json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (whole, cut)]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
 
 
 def test_sft_opct_continues_the_sft_adapter_with_the_starting_model_as_teacher(tmp_path, model_dir, pairs_file):

@@ -26,6 +26,7 @@ import os
 import random
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +90,21 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextmanager
+def rng_kept():
+    """Leave the RNG states (python, numpy, torch, CUDA) as they were before the block, whatever it draws.
+
+    The loop runs a method's preparation inside it: offpolicy's trajectories and sampled SFT / BCT targets are drawn
+    on a fresh run but read back from the run directory on a resume, so without it the steps after them (LoRA
+    dropout) would draw other numbers in a run resumed before its first checkpoint than in the uninterrupted one.
+    """
+    state = _rng_state()
+    try:
+        yield
+    finally:
+        _set_rng_state(state)
 
 
 def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler, state: dict, keep: int) -> Path:

@@ -34,7 +34,8 @@ from opct.config import require
 from opct.errors import OpctError, first_line
 from opct.pairs.schema import Pair, load_pairs
 from opct.policy import HFPolicy, hf_progress_bars, load_policy
-from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, save_checkpoint, write_failed)
+from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, rng_kept, save_checkpoint,
+                                   write_failed)
 from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
 from opct.train import replay
@@ -302,9 +303,13 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         sampler = training_sampler(config, acc, policy, model_dir, model)
     run = StepContext(config=config, accelerator=acc, model=model, policy=policy, teacher=teacher, prompts=prompts,
                       pairs={p.id: p for p in pairs}, step=start, sampler=sampler)
-    if config.method in PREPARE:  # once per run, before the first step: offline targets, alignments, checks
-        PREPARE[config.method](run)
-    replay_rows = replay.prepare(run, replay_plan) if replay_plan else []
+    # Once per run, before the first step: offline targets, alignments, checks, replay rows. What they sample is read
+    # back on a resume instead, so they leave the RNG as they found it (`rng_kept`): the steps draw the same numbers
+    # in a fresh run and in one resumed before its first checkpoint.
+    with rng_kept():
+        if config.method in PREPARE:
+            PREPARE[config.method](run)
+        replay_rows = replay.prepare(run, replay_plan) if replay_plan else []
     if trackers:
         from opct.trackers import scalars
 
