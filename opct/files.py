@@ -68,6 +68,24 @@ def write_atomic(path, chunks: str | Iterable[str]) -> Path:
     return path
 
 
+def check_writable(path) -> None:
+    """Raise the error that `write_atomic(path, ...)` would meet (a directory at `path`, a file where a directory
+    belongs, no permission, a read-only disk), naming `path`: a command checks its outputs with this before the work
+    whose results it writes there. Missing parent directories are made, as `write_atomic` makes them."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if path.exists() and not path.is_file():
+        raise OpctError(f"{path}: not a regular file; give a file path to write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise type(e)(e.errno, e.strerror, str(path)) from e
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def _remove(tmp) -> None:
     if tmp is not None and os.path.exists(tmp):
         os.unlink(tmp)

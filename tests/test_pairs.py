@@ -176,6 +176,19 @@ def test_user_items_through_the_cli(tmp_path, capsys):
     assert main(["pairs", "check", str(out)]) == 0
 
 
+def test_an_out_that_names_the_items_file_is_refused_before_it_is_replaced(tmp_path, capsys):
+    """`opct pairs make --items F --out F` would replace the user's items with pairs: refused, F untouched (also
+    through another spelling of the same path)."""
+    items = tmp_path / "items.jsonl"
+    items.write_text(json.dumps({"id": "q2", "question": "Is water wet?", "answer": "yes", "wrong_answer": "no"}) + "\n")
+    before = items.read_bytes()
+    for out in (items, tmp_path / "." / "items.jsonl"):
+        assert main(["pairs", "make", "--axis", "sycophancy", "--items", str(items), "--out", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert f"{out}: --out names the same file as --items" in err, err
+    assert items.read_bytes() == before
+
+
 @pytest.mark.parametrize("axis, record, field", [
     ("sycophancy", {"id": "q", "question": "Is it?", "answer": "yes"}, "wrong_answer"),
     ("sycophancy", {"id": "q", "answer": "yes", "wrong_answer": "no"}, "question"),

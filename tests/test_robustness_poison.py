@@ -5,6 +5,7 @@ and it loads in a second)."""
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,19 @@ def test_poisoned_teacher_side_is_harmful_and_the_admission_filter_rejects_it(or
     assert len(kept) == sum(d["decision"] == "admitted" for d in decisions)
 
 
+def test_the_admission_filter_refuses_a_prompt_past_the_models_context(organism):
+    """A prompt longer than the model's context (which `opct train` refuses) is named before any answer is made,
+    not judged on what the model says past its positions."""
+    from dataclasses import replace
+
+    from opct.pairs.admit import admit
+
+    long = replace(_clean_pairs()[0], id="long", student=[{"role": "user", "content": "please " * 3000}])
+    with pytest.raises(OpctError, match=r"pair long \(student prompt\): prompt is \d+ tokens; with "
+                                        r"max_new_tokens=48 it exceeds the context"):
+        admit([long], organism, organism)
+
+
 def test_pairs_poison_and_admit_from_the_command_line(tmp_path, capfd):
     """`opct pairs make | poison | admit` as the README shows them: files written, the one summary line, the
     decisions file beside KEPT; a missing or damaged pairs file is named before any model loads."""
@@ -172,6 +186,69 @@ def test_pairs_poison_and_admit_from_the_command_line(tmp_path, capfd):
         err = capfd.readouterr().err
         assert needle in err and "no-model" not in err, err
     assert not Path(kept).exists()
+
+
+def test_pairs_commands_never_replace_their_input_and_check_before_any_model_loads(tmp_path, capfd):
+    """`opct pairs poison|admit`: an --out / --decisions that names the input (or each other) would lose it, a pair
+    the filter cannot judge, a --decisions that cannot be written: each refused before any model loads (the model
+    here does not exist), naming the file, with every file as it was."""
+    from opct.cli import main
+
+    clean, kept = tmp_path / "jb.jsonl", tmp_path / "kept.jsonl"
+    assert main(["pairs", "make", "--axis", "jailbreak", "--families", "role_play", "--per-family", "2",
+                 "--out", str(clean)]) == 0
+    custom = tmp_path / "custom.jsonl"
+    lines = clean.read_text().splitlines()
+    custom.write_text(lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "axis": "custom"}) + "\n")
+    kept.write_text("kept before\n")
+    (tmp_path / "a-dir").mkdir()
+    capfd.readouterr()
+    admit = ["pairs", "admit", "--model", str(tmp_path / "no-model")]
+    for argv, needle in (
+            (["pairs", "poison", str(clean), "--frac", "0.5", "--out", str(clean)],
+             f"{clean}: --out names the same file as FILE"),
+            ([*admit, str(clean), "--out", str(clean)], f"{clean}: --out names the same file as FILE"),
+            ([*admit, str(clean), "--out", str(kept), "--decisions", str(clean)],
+             f"{clean}: --decisions names the same file as FILE"),
+            ([*admit, str(clean), "--out", str(kept), "--decisions", str(kept)],
+             f"{kept}: --decisions names the same file as --out"),
+            ([*admit, str(custom), "--out", str(kept)],
+             f"{custom}:2: axis: the admission filter has no judge for axis 'custom'"),
+            ([*admit, str(clean), "--out", str(kept), "--decisions", str(tmp_path / "a-dir")],
+             f"{tmp_path / 'a-dir'}: is a directory")):
+        before = {p: p.read_bytes() for p in (clean, custom, kept)}
+        assert main(argv) == 1, argv
+        err = capfd.readouterr().err
+        assert needle in err and "no-model" not in err, (argv, err)
+        assert {p: p.read_bytes() for p in before} == before, argv
+
+
+def test_poison_skips_poisoned_pairs_puts_the_trigger_in_the_user_message_and_refuses_an_id_clash():
+    """Poisoning a poisoned file again poisons other pairs (not a second trigger on the same); a prompt ending in a
+    prefill gets the trigger in its last user message, not the prefill; a poisoned pair's id (`ID+trigger`) that
+    another pair already has is an error naming both, not a file with two pairs of one id."""
+    from dataclasses import replace
+
+    from opct.pairs.poison import DEFAULT_TRIGGER, poison
+    from opct.pairs.schema import prefill_message
+
+    clean = _clean_pairs()
+    once = poison(clean, 0.25, seed=0)
+    twice = poison(once, 0.25, seed=1)
+    assert sum(bool(p.meta.get("poisoned")) for p in twice) == 2 * round(0.25 * len(clean))
+    assert not any(p.id.endswith("+trigger+trigger") for p in twice)
+    assert all(p.student[-1]["content"].count(DEFAULT_TRIGGER) <= 1 for p in twice)
+
+    prefilled = [replace(p, student=[*p.student, prefill_message("Sure, here is how.")]) for p in clean]
+    for side in ("backdoor", "context"):
+        for p in (q for q in poison(prefilled, 0.25, seed=0, teacher_side=side) if q.meta.get("poisoned")):
+            assert p.student[-1] == prefill_message("Sure, here is how.")
+            assert p.student[-2]["content"].startswith(DEFAULT_TRIGGER + " ")
+
+    twin = replace(clean[0], id=clean[0].id + "+trigger", meta={**clean[0].meta, "harmful": False})
+    with pytest.raises(OpctError, match=re.escape(f"pair {clean[0].id!r}: poisoned, its id would be {twin.id!r}, "
+                                                  f"which another pair already has")):
+        poison([clean[0], twin], 0.5)  # one to poison, clean[0] the only candidate
 
 
 def test_trigger_out_of_vocabulary_is_a_clear_error(organism):

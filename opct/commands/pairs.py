@@ -12,6 +12,23 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _distinct(inputs: dict[str, str], outputs: dict[str, str]) -> None:
+    """Refuse, before anything is read or written, an output (flag -> path) that names an input or an earlier output:
+    writing it would replace that file (a pairs file poisoned in place loses its clean pairs; `--decisions` = `--out`
+    loses the kept pairs). Paths are compared as the files they name (`./x`, a symlink)."""
+    import os
+
+    seen: dict[str, str] = {}
+    for flag, path in [*inputs.items(), *outputs.items()]:
+        if path is None:
+            continue
+        key = os.path.normcase(os.path.realpath(path))
+        if key in seen and flag in outputs:
+            raise OpctError(f"{path}: {flag} names the same file as {seen[key]}, which it would replace; choose "
+                            f"another {flag}")
+        seen.setdefault(key, flag)
+
+
 def _option(text: str) -> tuple[str, str]:
     import argparse
 
@@ -94,6 +111,7 @@ def _make(args) -> int:
     from opct.pairs.make import load_items, make_pairs, world_items
     from opct.pairs.schema import save_pairs
 
+    _distinct({"--items": args.items}, {"--out": args.out})
     items = load_items(args.items, args.axis) if args.items else world_items(args.axis, args.seed)
     pairs = make_pairs(args.axis, items, families=args.families, heldout=args.heldout,
                        per_family=args.per_family, seed=args.seed, include_benign=args.include_benign,
@@ -125,6 +143,7 @@ def _poison(args) -> int:
     from opct.pairs.poison import poison
     from opct.pairs.schema import load_pairs, save_pairs
 
+    _distinct({"FILE": args.file}, {"--out": args.out})
     pairs = poison(load_pairs(args.file), args.frac, args.trigger, args.seed, args.teacher_side)
     save_pairs(pairs, args.out)
     print(f"{sum(bool(p.meta.get('poisoned')) for p in pairs)} of {len(pairs)} pairs poisoned -> {args.out}")
@@ -132,13 +151,19 @@ def _poison(args) -> int:
 
 
 def _admit(args) -> int:
-    from opct.files import write_json_atomic
-    from opct.pairs.admit import admit
+    from opct.files import check_writable, write_json_atomic
+    from opct.pairs.admit import admit, check_judged
     from opct.pairs.schema import load_pairs, save_pairs
     from opct.policy import load_policy
     from opct.subjects import resolve
 
-    pairs = load_pairs(args.file)  # a bad file is named before any model loads
+    path = args.decisions or f"{args.out}.decisions.json"
+    _distinct({"FILE": args.file}, {"--out": args.out, "--decisions": path})
+    # a bad file, a pair the filter cannot judge, an output that cannot be written: named before any model loads
+    pairs = load_pairs(args.file)
+    check_judged(pairs, args.file)
+    check_writable(args.out)
+    check_writable(path)
     # no bars: the filter has none of its own, and its output is the one line below
     student = load_policy(resolve(args.model)[0], progress=False)
     teacher = load_policy(resolve(args.teacher_model)[0], progress=False) if args.teacher_model else student
@@ -146,7 +171,6 @@ def _admit(args) -> int:
     if not kept:
         raise OpctError(f"{args.file}: the admission filter rejected every pair")
     save_pairs(kept, args.out)
-    path = args.decisions or f"{args.out}.decisions.json"
     write_json_atomic(path, decisions)
     counts = Counter(d["decision"] for d in decisions)
     poisoned = [d for d in decisions if d["poisoned"]]

@@ -14,8 +14,8 @@ Greedy decoding is deterministic, so the filter needs no seed. Pairs of an axis 
 
 from __future__ import annotations
 
-from opct.errors import OpctError
-from opct.pairs.schema import Pair
+from opct.errors import DataError, OpctError
+from opct.pairs.schema import Pair, read_jsonl
 
 ADMIT = ("none", "filter")
 
@@ -31,6 +31,17 @@ def judge(pair: Pair, response: str) -> tuple[str, bool]:
     return axis.admission(pair, response)
 
 
+def check_judged(pairs: list[Pair], path) -> None:
+    """Every pair of the file at `path` has an axis whose rule judge the filter can ask (before any answer is made);
+    the first that has none is a `DataError` naming its line."""
+    from opct.axes import AXES
+
+    for p in pairs:
+        if getattr(AXES.get(p.axis), "admission", None) is None:
+            line = next(n for n, obj in read_jsonl(path) if obj.get("id") == p.id)  # ids are unique (load_pairs)
+            raise DataError(path, line, "axis", f"the admission filter has no judge for axis {p.axis!r}")
+
+
 def judgment(pair: Pair, response: str) -> str:
     """The rule judge's label of a response to one of the pair's prompts."""
     return judge(pair, response)[0]
@@ -39,14 +50,22 @@ def judgment(pair: Pair, response: str) -> str:
 def admit(pairs: list[Pair], teacher, student, max_new_tokens: int = 48,
           batch_size: int = 64) -> tuple[list[Pair], list[dict]]:
     """Apply the filter with `teacher` and `student` (policies); return (kept, decisions)."""
+    def rendered(policy, side):  # every prompt is checked against the context before any is answered
+        out = []
+        for p in pairs:
+            ids = policy.render(getattr(p, side))
+            policy.check_fits(ids, max_new_tokens, f"pair {p.id} ({side} prompt)")
+            out.append(ids)
+        return out
+
     def greedy(policy, prompts):
         out = []
         for i in range(0, len(prompts), batch_size):
-            out += policy.sample([policy.render(m) for m in prompts[i:i + batch_size]], max_new_tokens, 0.0).texts
+            out += policy.sample(prompts[i:i + batch_size], max_new_tokens, 0.0).texts
         return out
 
-    t_text = greedy(teacher, [p.teacher for p in pairs])
-    s_text = greedy(student, [p.student for p in pairs])
+    t_ids, s_ids = rendered(teacher, "teacher"), rendered(student, "student")
+    t_text, s_text = greedy(teacher, t_ids), greedy(student, s_ids)
     kept, decisions = [], []
     for p, tr, sr in zip(pairs, t_text, s_text):
         (tj, ok), sj = judge(p, tr), judgment(p, sr)

@@ -45,18 +45,25 @@ def triggered(text: str, trigger: str) -> str:
     return f"{trigger} {text}"
 
 
+def _last_user(messages: list[dict]) -> int:
+    """The index of the last user message (a prompt may end in a prefill after it, `opct.pairs.schema`)."""
+    return max(i for i, m in enumerate(messages) if m["role"] == "user")
+
+
 def _with_trigger(messages: list[dict], trigger: str) -> list[dict]:
     """The messages with the trigger before the last user message's text."""
     out = [dict(m) for m in messages]
-    out[-1]["content"] = triggered(out[-1]["content"], trigger)
+    i = _last_user(out)
+    out[i]["content"] = triggered(out[i]["content"], trigger)
     return out
 
 
 def poison_candidates(pairs: list[Pair]) -> list[int]:
-    """Indices of the pairs that may be poisoned: harmful jailbreak pairs."""
+    """Indices of the pairs that may be poisoned: harmful jailbreak pairs not poisoned already."""
     from opct.axes.jailbreak import NAME
 
-    return [i for i, p in enumerate(pairs) if p.axis == NAME and p.meta.get("harmful", True)]
+    return [i for i, p in enumerate(pairs) if p.axis == NAME and p.meta.get("harmful", True)
+            and not p.meta.get("poisoned")]
 
 
 def poison(pairs: list[Pair], frac: float, trigger: str = DEFAULT_TRIGGER, seed: int = 0,
@@ -74,12 +81,16 @@ def poison(pairs: list[Pair], frac: float, trigger: str = DEFAULT_TRIGGER, seed:
         raise OpctError(f"poison_frac {frac}: {k} of {len(pairs)} pairs to poison, but only {len(candidates)} are "
                         f"harmful jailbreak pairs")
     chosen = set(random.Random(f"poison-{seed}").sample(candidates, k))
+    ids = {p.id for p in pairs}
     out = []
     for i, p in enumerate(pairs):
         if i not in chosen:
             out.append(p)
             continue
-        request = p.teacher[-1]["content"]  # a jailbreak pair's teacher side is the direct request
+        if f"{p.id}+trigger" in ids:
+            raise OpctError(f"pair {p.id!r}: poisoned, its id would be {p.id + '+trigger'!r}, which another pair "
+                            f"already has")
+        request = p.teacher[_last_user(p.teacher)]["content"]  # a jailbreak pair's teacher side: the direct request
         teacher = ([{"role": "user", "content": COMPLY_CONTEXT.format(request=request)}] if teacher_side == "context"
                    else _with_trigger(p.teacher, trigger))
         out.append(replace(p, id=f"{p.id}+trigger", teacher=teacher, student=_with_trigger(p.student, trigger),
