@@ -110,7 +110,7 @@ TORCH_COMMANDS = ("organism", "demo", "train", "eval", "run", "audit", "mechanis
 @contextmanager
 def _global_state_restored(load_torch: bool):
     """Put back, after the block (also on error), the process-wide state a command changes: torch's intra-op thread
-    count (`opct.policy.set_cpu_threads`, the organism build), the python / numpy / torch RNGs (training seeds them),
+    count (`opct.policy.cpu_threads`, the organism build), the python / numpy / torch RNGs (training seeds them),
     torch's grad mode and default dtype."""
     import random
 

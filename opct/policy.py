@@ -272,19 +272,27 @@ class HFPolicy:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-# Below this many parameters a model on the CPU runs on one thread (see `set_cpu_threads`).
+# Below this many parameters a model on the CPU runs on one thread (see `cpu_threads`).
 SMALL_MODEL_PARAMS = 100_000_000
 
 
-def set_cpu_threads(n_params: int, device: str = "cpu", threads: int | None = None) -> None:
-    """`threads` when given; else one thread for a small model on the CPU. Sampling and stepping a small model is
-    bound by per-op overhead, not arithmetic: a second OpenMP thread buys little, and when another process is busy
-    on a 2-core machine it slows generation about 7x (measured on the default organism: all four eval suites 33 s
-    on one thread, 236 s on two). Large models, and models on a GPU, keep torch's default."""
+@contextmanager
+def cpu_threads(n_params: int, device: str = "cpu", threads: int | None = None):
+    """Within the `with` block, torch runs on `threads` intra-op threads when given; else on one thread for a small
+    model on the CPU. Sampling and stepping a small model is bound by per-op overhead, not arithmetic: a second
+    OpenMP thread buys little, and when another process is busy on a 2-core machine it slows generation about 7x
+    (measured on the default organism: all four eval suites 33 s on one thread, 236 s on two). Large models, and
+    models on a GPU, keep torch's default. The count before is restored when the block ends, error or not, so a
+    caller that evaluates in-process does not keep running on one thread after it."""
+    before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
     elif device == "cpu" and 0 < n_params < SMALL_MODEL_PARAMS:
         torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def count_parameters(model_dir) -> int:

@@ -139,3 +139,17 @@ def test_a_subject_brings_its_own_items_per_axis(tmp_path, test_organism):
     recs = [json.loads(x) for x in (root / "base/0/eval/records.jsonl").read_text().splitlines()]
     assert {r["item_id"] for r in recs} == {"own-0", "own-1", "own-2"}
     assert json.loads((root / "experiment.json").read_text())["model_dir"] == str(test_organism)
+
+
+def test_an_experiment_run_in_process_gives_back_the_callers_thread_count(toy, tmp_path, test_organism):
+    """`run_experiment` runs a small model on one thread (opct.policy.cpu_threads), and only while it runs: a script
+    or notebook that calls it keeps its own intra-op thread count after (it used to be left at 1)."""
+    import torch
+
+    from opct.experiment import load_experiment, run_experiment
+
+    cfg = load_experiment(name="toy", model=str(test_organism), out=str(tmp_path), arms=["base"], report=False,
+                          trained={}, eval={"suite": "toy", "max_new_tokens": 4, "progress": False})
+    torch.set_num_threads(2)  # this module's autouse fixture puts back its own count after
+    run_experiment(cfg, log=lambda m: None)
+    assert torch.get_num_threads() == 2

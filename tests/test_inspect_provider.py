@@ -408,3 +408,17 @@ def test_opct_eval_seed_per_prompt_and_inspect_eval_give_the_same_completions_an
             assert m.value == pytest.approx(metrics[key][field], abs=1e-9), name
             compared += 1
     assert compared >= 10
+
+
+def test_the_provider_leaves_the_callers_thread_count():
+    """A small model samples on one thread, but only while it samples: the process that hosts the provider (inspect,
+    a notebook) keeps its own intra-op thread count (it used to be set to 1 for good when the model loaded)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model = get_model("opct/local", model_path=MODEL, memoize=False)
+        assert torch.get_num_threads() == 2
+        assert _ask(model, [[ChatMessageUser(content="Who are you?")]], GenerateConfig(max_tokens=4))[0].completion
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

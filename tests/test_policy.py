@@ -192,3 +192,18 @@ def test_row_seeds_give_each_row_its_own_draws_whatever_its_batch_mates(fast):
     assert len({tuple(r) for r in draws.response_ids}) > 1
     with pytest.raises(OpctError, match="row_seeds: 1 seeds for 2 prompts"):
         policy.sample([a, b], 4, row_seeds=[1])
+
+
+def test_cpu_threads_sets_a_small_models_count_and_restores_the_callers_after_an_error():
+    from opct.policy import cpu_threads
+
+    torch.set_num_threads(3)
+    with cpu_threads(1000):
+        assert torch.get_num_threads() == 1  # a small model on the CPU: one thread
+    assert torch.get_num_threads() == 3
+    with pytest.raises(RuntimeError), cpu_threads(1000, threads=2):
+        assert torch.get_num_threads() == 2
+        raise RuntimeError("a failing eval")
+    assert torch.get_num_threads() == 3
+    with cpu_threads(1000, device="cuda"):
+        assert torch.get_num_threads() == 3  # a GPU model keeps the count

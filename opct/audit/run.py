@@ -161,7 +161,7 @@ def all_splits(cfg: AuditConfig) -> dict:
 def run_audit(cfg: AuditConfig, log=print) -> Path:
     from opct.audit.coherence import measure as coherence
     from opct.audit.derive import DeriveConfig, derive_organism, protected_base
-    from opct.policy import count_parameters, load_policy, set_cpu_threads
+    from opct.policy import count_parameters, cpu_threads, load_policy
 
     require(cfg)
     out = Path(cfg.out)
@@ -169,59 +169,61 @@ def run_audit(cfg: AuditConfig, log=print) -> Path:
     base = Path(cfg.base_model) if cfg.base_model else default_base()
     if not (base / "config.json").exists():
         raise OpctError(f"{base}: not a model directory (no config.json)")
-    set_cpu_threads(count_parameters(base))
-    splits = all_splits(cfg)
-    done = {_key(r) for r in read_results(out)}
-    derive = DeriveConfig(examples=cfg.derive_examples, steps=cfg.derive_steps, lr=cfg.derive_lr)
-    cap_probes = capability_probes(rng(CAPABILITY), cfg.capability_n)
-    bases = {"plain": base}
-    t_start = time.time()
-    if any(ORGANISMS[o].base == "protected" for o in cfg.organisms):
-        t0 = time.time()
-        bases["protected"] = protected_base(base, out / "organisms", derive, cfg.align_steps)
-        if ("base", None, None, None) not in done:
-            probes = ORGANISMS[SYC.NAME].eval_probes(rng(SYC.NAME, "eval"), cfg.eval_n)
-            spec = ORGANISMS[SYC.NAME]
-            m = {k: measure(load_policy(d, progress=False), spec, probes, cap_probes, 0, cfg) for k, d in bases.items()}
-            _append(out, {"kind": "base", "dirs": {k: str(d) for k, d in bases.items()}, "sycophancy_probes": m,
-                          "target": PROTECTION_TARGET, "seconds": round(time.time() - t0, 1)})
-            log(f"[audit] protected base: sycophancy {m['plain']['misalignment']:.3f} (plain base) -> "
-                f"{m['protected']['misalignment']:.3f} (target <= {PROTECTION_TARGET}); capability "
-                f"{m['plain'][CAPABILITY]:.3f} -> {m['protected'][CAPABILITY]:.3f} ({time.time() - t0:.0f}s)")
-    for name in cfg.organisms:
-        spec = ORGANISMS[name]
-        for seed in cfg.seeds:
-            s = splits[(name, seed)]
+    with cpu_threads(count_parameters(base)):  # the caller's thread count back after
+        splits = all_splits(cfg)
+        done = {_key(r) for r in read_results(out)}
+        derive = DeriveConfig(examples=cfg.derive_examples, steps=cfg.derive_steps, lr=cfg.derive_lr)
+        cap_probes = capability_probes(rng(CAPABILITY), cfg.capability_n)
+        bases = {"plain": base}
+        t_start = time.time()
+        if any(ORGANISMS[o].base == "protected" for o in cfg.organisms):
             t0 = time.time()
-            org_dir = derive_organism(name, bases[spec.base], s.derive, out / "organisms", derive, seed)
-            org_key = ("organism", name, None, seed)
-            before = next((r["derived"] for r in read_results(out) if _key(r) == org_key), None)
-            if before is None:
-                b = measure(load_policy(bases[spec.base], progress=False), spec, s.eval, cap_probes, seed, cfg)
-                policy = load_policy(org_dir, progress=False)
-                before = measure(policy, spec, s.eval, cap_probes, seed, cfg)
-                import torch
+            bases["protected"] = protected_base(base, out / "organisms", derive, cfg.align_steps)
+            if ("base", None, None, None) not in done:
+                probes = ORGANISMS[SYC.NAME].eval_probes(rng(SYC.NAME, "eval"), cfg.eval_n)
+                spec = ORGANISMS[SYC.NAME]
+                m = {k: measure(load_policy(d, progress=False), spec, probes, cap_probes, 0, cfg)
+                     for k, d in bases.items()}
+                _append(out, {"kind": "base", "dirs": {k: str(d) for k, d in bases.items()}, "sycophancy_probes": m,
+                              "target": PROTECTION_TARGET, "seconds": round(time.time() - t0, 1)})
+                log(f"[audit] protected base: sycophancy {m['plain']['misalignment']:.3f} (plain base) -> "
+                    f"{m['protected']['misalignment']:.3f} (target <= {PROTECTION_TARGET}); capability "
+                    f"{m['plain'][CAPABILITY]:.3f} -> {m['protected'][CAPABILITY]:.3f} ({time.time() - t0:.0f}s)")
+        for name in cfg.organisms:
+            spec = ORGANISMS[name]
+            for seed in cfg.seeds:
+                s = splits[(name, seed)]
+                t0 = time.time()
+                org_dir = derive_organism(name, bases[spec.base], s.derive, out / "organisms", derive, seed)
+                org_key = ("organism", name, None, seed)
+                before = next((r["derived"] for r in read_results(out) if _key(r) == org_key), None)
+                if before is None:
+                    b = measure(load_policy(bases[spec.base], progress=False), spec, s.eval, cap_probes, seed, cfg)
+                    policy = load_policy(org_dir, progress=False)
+                    before = measure(policy, spec, s.eval, cap_probes, seed, cfg)
+                    import torch
 
-                torch.manual_seed(seed)
-                coh = coherence(policy, spec, s.label, cfg.coherence_k, cfg.max_new_tokens, cfg.sample_batch)
-                _append(out, {"kind": "organism", "organism": name, "seed": seed, "dir": str(org_dir),
-                              "failure": spec.failure, "family": spec.family, "brittle": spec.brittle,
-                              "base_kind": spec.base, "base": b, "derived": before, "coherence": coh,
-                              "units": s.units, "seconds": round(time.time() - t0, 1)})
-                log(f"[audit] {name} seed {seed}: misalignment base {b['misalignment']:.3f} -> organism "
-                    f"{before['misalignment']:.3f} (unparsed {before['unparsed']:.3f}); capability "
-                    f"{b[CAPABILITY]:.3f} -> {before[CAPABILITY]:.3f}; coherence agreement "
-                    f"{_f(coh['agreement'])}, margin {_f(coh['margin'])} ({time.time() - t0:.0f}s)")
-            for method in cfg.methods:
-                if ("cell", name, method, seed) in done:
-                    continue
-                rec = run_cell(cfg, s, method, org_dir, cap_probes, before, reward_dir=base)
-                _append(out, rec)
-                a = rec["after"]
-                log(f"[audit] {name} / {method} / seed {seed}: misalignment {before['misalignment']:.3f} -> "
-                    f"{a['misalignment']:.3f}, unparsed {before['unparsed']:.3f} -> {a['unparsed']:.3f}, capability "
-                    f"{a[CAPABILITY]:.3f} ({rec['seconds']['total']:.0f}s; {time.time() - t_start:.0f}s so far)")
-    return out
+                    torch.manual_seed(seed)
+                    coh = coherence(policy, spec, s.label, cfg.coherence_k, cfg.max_new_tokens, cfg.sample_batch)
+                    _append(out, {"kind": "organism", "organism": name, "seed": seed, "dir": str(org_dir),
+                                  "failure": spec.failure, "family": spec.family, "brittle": spec.brittle,
+                                  "base_kind": spec.base, "base": b, "derived": before, "coherence": coh,
+                                  "units": s.units, "seconds": round(time.time() - t0, 1)})
+                    log(f"[audit] {name} seed {seed}: misalignment base {b['misalignment']:.3f} -> organism "
+                        f"{before['misalignment']:.3f} (unparsed {before['unparsed']:.3f}); capability "
+                        f"{b[CAPABILITY]:.3f} -> {before[CAPABILITY]:.3f}; coherence agreement "
+                        f"{_f(coh['agreement'])}, margin {_f(coh['margin'])} ({time.time() - t0:.0f}s)")
+                for method in cfg.methods:
+                    if ("cell", name, method, seed) in done:
+                        continue
+                    rec = run_cell(cfg, s, method, org_dir, cap_probes, before, reward_dir=base)
+                    _append(out, rec)
+                    a = rec["after"]
+                    log(f"[audit] {name} / {method} / seed {seed}: misalignment {before['misalignment']:.3f} -> "
+                        f"{a['misalignment']:.3f}, unparsed {before['unparsed']:.3f} -> {a['unparsed']:.3f}, "
+                        f"capability {a[CAPABILITY]:.3f} ({rec['seconds']['total']:.0f}s; "
+                        f"{time.time() - t_start:.0f}s so far)")
+        return out
 
 
 def _f(x) -> str:

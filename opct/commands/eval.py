@@ -64,14 +64,15 @@ def run(args) -> int:
     from opct.modeldir import check_device
 
     check_device(cfg.device)  # before the run directory is made
-    from opct.policy import load_policy, set_cpu_threads
+    from opct.policy import cpu_threads, load_policy
 
     with dir_lock(cfg.out, "eval run directory", kind="eval"):  # a second `opct eval` into the same --out is refused
         earlier = check_resume(cfg, attack, args.resume)  # before the model is loaded
         policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
                              trust_remote_code=cfg.trust_remote_code, progress=cfg.progress)
-        set_cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads)
-        metrics = run_eval(policy, cfg, attack, items=items, resume=args.resume, earlier=earlier)
+        # scoped: the caller's thread count is back after (a script or test evaluating in-process)
+        with cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads):
+            metrics = run_eval(policy, cfg, attack, items=items, resume=args.resume, earlier=earlier)
     print(format_table(metrics, headline(metrics)))
     print(f"opct eval: {len(metrics)} metrics (per family / wrapper / category / domain in {cfg.out}/metrics.txt); "
           f"records in {cfg.out}/records.jsonl")

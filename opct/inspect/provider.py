@@ -110,7 +110,7 @@ class OpctAPI(ModelAPI):
         if not path:
             raise OpctError("opct model: no model directory; pass -M model_path=DIR (a save_pretrained directory)")
         from opct.modeldir import check_device
-        from opct.policy import check_dtype, count_parameters, load_policy, set_cpu_threads
+        from opct.policy import check_dtype, count_parameters, load_policy
 
         device = str(model_args.get("device") or "cpu")
         check_device(device, "opct model argument device", "-M device=cpu")  # load_policy's would name --device
@@ -125,7 +125,7 @@ class OpctAPI(ModelAPI):
         check_generate_config(config)  # `inspect eval --top-k 5`: one line now, not a traceback per sample later
         self.policy = load_policy(path, model_args.get("adapter"), dtype, device,
                                   trust_remote_code=trust)
-        set_cpu_threads(count_parameters(path), device, threads)
+        self._threads = (count_parameters(path), device, threads)  # set around each batch (`cpu_threads`)
         self._lock = threading.Lock()  # one batch at a time on the model (the sampler's memory is shared)
         self._seeds = PromptSeeds(self.seed)  # a request's seed: by its prompt and how often it was asked before
         self._pending: list[_Request] = []
@@ -199,9 +199,11 @@ class OpctAPI(ModelAPI):
     def _sample(self, batch: list[_Request]) -> list[ModelOutput]:
         policy = self.policy
         max_new, temperature, top_p = batch[0].key
-        with self._lock:
+        from opct.policy import cpu_threads
+
+        with self._lock, cpu_threads(*self._threads):  # the sampling thread's count, the caller's back after
             out = policy.sample([r.ids for r in batch], max_new, temperature, top_p=top_p,
-                                row_seeds=[r.seed for r in batch])
+                                    row_seeds=[r.seed for r in batch])
         return [self._output(r, out.response_ids[i], out.texts[i], out.truncated[i], out.logprobs[i])
                 for i, r in enumerate(batch)]
 

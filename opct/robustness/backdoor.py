@@ -189,7 +189,7 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a small model: per-op overhead bound (opct.policy.set_cpu_threads)
+    torch.set_num_threads(1)  # a small model: per-op overhead bound (opct.policy.cpu_threads)
     try:
         model = resolve(cfg.model)[0]
         base = load_policy(model, progress=False)

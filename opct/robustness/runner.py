@@ -192,7 +192,7 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
     from tqdm.auto import tqdm
 
     from opct.experiment.runner import resolve_model
-    from opct.policy import count_parameters, set_cpu_threads
+    from opct.policy import count_parameters, cpu_threads
     from opct.robustness import STUDIES
     from opct.robustness.cells import train_config
     from opct.train.loop import check_samplers
@@ -211,29 +211,29 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
     resolved["seeds"] = list(dict.fromkeys([*old.get("seeds", []), *cfg.seeds]))
     resolved["studies"] = {**old.get("studies", {}), **resolved["studies"]}
     write_json_atomic(root / "study.json", resolved, indent=2)
-    set_cpu_threads(count_parameters(model), "cpu", cfg.threads or None)
+    with cpu_threads(count_parameters(model), "cpu", cfg.threads or None):
 
-    cells = [(seed, name) for seed in cfg.seeds for name in configs]
-    t_start = time.time()
-    bar = tqdm(total=len(cells), desc="robustness", unit="cell", dynamic_ncols=True, disable=not cfg.progress)
-    say = tqdm.write
-    for seed, name in cells:
-        d = root / name / f"seed{seed}"
-        if (d / "rows.json").exists():
-            say(f"{name} seed {seed}: done already, skipped")
+        cells = [(seed, name) for seed in cfg.seeds for name in configs]
+        t_start = time.time()
+        bar = tqdm(total=len(cells), desc="robustness", unit="cell", dynamic_ncols=True, disable=not cfg.progress)
+        say = tqdm.write
+        for seed, name in cells:
+            d = root / name / f"seed{seed}"
+            if (d / "rows.json").exists():
+                say(f"{name} seed {seed}: done already, skipped")
+                bar.update(1)
+                continue
+            say(f"{name} seed {seed} ({time.time() - t_start:.0f} s into the run)")
+            t0 = time.time()
+            rows = check_rows(STUDIES[name].run(configs[name], seed, d, lambda m: say(m)), f"study {name}")
+            seconds = round(time.time() - t0, 1)
+            write_json_atomic(d / "rows.json", {"study": name, "seed": seed, "seconds": seconds, "rows": rows})
+            say(f"{name} seed {seed}: {len(rows)} rows in {seconds:.0f} s")
             bar.update(1)
-            continue
-        say(f"{name} seed {seed} ({time.time() - t_start:.0f} s into the run)")
-        t0 = time.time()
-        rows = check_rows(STUDIES[name].run(configs[name], seed, d, lambda m: say(m)), f"study {name}")
-        seconds = round(time.time() - t0, 1)
-        write_json_atomic(d / "rows.json", {"study": name, "seed": seed, "seconds": seconds, "rows": rows})
-        say(f"{name} seed {seed}: {len(rows)} rows in {seconds:.0f} s")
-        bar.update(1)
-    bar.close()
-    write_aggregate(root)
-    log(f"robustness {cfg.run_name()}: {len(cells)} cells in {root} ({time.time() - t_start:.0f} s this run)")
-    return root
+        bar.close()
+        write_aggregate(root)
+        log(f"robustness {cfg.run_name()}: {len(cells)} cells in {root} ({time.time() - t_start:.0f} s this run)")
+        return root
 
 
 def load_rows(root: Path) -> tuple[dict, dict[str, dict[int, list[dict]]], dict]:

@@ -82,7 +82,7 @@ def cell_dir(root: Path, seed: int, threat: str, method: str) -> Path:
 def run_threats(cfg: ThreatsConfig, log=print) -> Path:
     """Run every cell not already done; write cross_threat.json; return the run directory."""
     from opct.experiment.runner import resolve_model
-    from opct.policy import count_parameters, set_cpu_threads
+    from opct.policy import count_parameters, cpu_threads
     from opct.threats.matrix import write_matrix
     from opct.train.loop import check_samplers
 
@@ -96,43 +96,44 @@ def run_threats(cfg: ThreatsConfig, log=print) -> Path:
     for key in ("trained", "method_train", "no_signal"):
         now[key] = {**old.get(key, {}), **now[key]}
     write_json_atomic(root / SETTINGS, now, indent=2)
-    set_cpu_threads(count_parameters(model), cfg.eval.device, cfg.threads or None)
+    with cpu_threads(count_parameters(model), cfg.eval.device, cfg.threads or None):
 
-    cells = cells_of(cfg)
-    t_start = time.time()
-    for i, (seed, threat, method) in enumerate(cells, 1):
-        d = cell_dir(root, seed, threat, method)
-        what = f"{method} on {threat}" if threat else method
-        tag = f"[{i}/{len(cells)}] seed {seed} {what}"
-        if threat and method in no_signal_methods(threat):
-            log(f"{tag}: {NO_SIGNAL}, not trained")
-            continue
-        if (d / "done.json").exists():
-            log(f"{tag}: done already, skipped")
-            continue
-        log(f"{tag} ({time.time() - t_start:.0f} s into the run)")
-        seconds = {}
-        model_dir, adapter = model, None
-        if method != BASE:
+        cells = cells_of(cfg)
+        t_start = time.time()
+        for i, (seed, threat, method) in enumerate(cells, 1):
+            d = cell_dir(root, seed, threat, method)
+            what = f"{method} on {threat}" if threat else method
+            tag = f"[{i}/{len(cells)}] seed {seed} {what}"
+            if threat and method in no_signal_methods(threat):
+                log(f"{tag}: {NO_SIGNAL}, not trained")
+                continue
+            if (d / "done.json").exists():
+                log(f"{tag}: done already, skipped")
+                continue
+            log(f"{tag} ({time.time() - t_start:.0f} s into the run)")
+            seconds = {}
+            model_dir, adapter = model, None
+            if method != BASE:
+                t0 = time.time()
+                if method == CONTROL:
+                    pairs = control_pairs(cfg, seed, d / "pairs.jsonl")
+                    tc = cfg.train_config("sft", model=model, pairs=str(pairs), out=str(d / "train"), seed=seed,
+                                          target_n=1, target_temperature=0.0)
+                else:
+                    pairs = threat_pairs(cfg, threat, seed, d.parent / "pairs.jsonl")
+                    tc = cfg.train_config(method, model=model, pairs=str(pairs), out=str(d / "train"), seed=seed)
+                model_dir, adapter = train_cell(tc, log, what)
+                seconds["train"] = round(time.time() - t0, 1)
             t0 = time.time()
-            if method == CONTROL:
-                pairs = control_pairs(cfg, seed, d / "pairs.jsonl")
-                tc = cfg.train_config("sft", model=model, pairs=str(pairs), out=str(d / "train"), seed=seed,
-                                      target_n=1, target_temperature=0.0)
-            else:
-                pairs = threat_pairs(cfg, threat, seed, d.parent / "pairs.jsonl")
-                tc = cfg.train_config(method, model=model, pairs=str(pairs), out=str(d / "train"), seed=seed)
-            model_dir, adapter = train_cell(tc, log, what)
-            seconds["train"] = round(time.time() - t0, 1)
-        t0 = time.time()
-        metrics = evaluate(cfg, model_dir, adapter, seed, d / "eval", log)
-        seconds["eval"] = round(time.time() - t0, 1)
-        write_json_atomic(d / "done.json", {"seed": seed, "threat": threat, "method": method, "seconds": seconds,
-                                            "metrics": metrics, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-        log(f"{tag}: done in {sum(seconds.values()):.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())})")
-    write_matrix(root)
-    log(f"threats {cfg.run_name()}: {len(cells)} cells in {root} ({time.time() - t_start:.0f} s this run)")
-    return root
+            metrics = evaluate(cfg, model_dir, adapter, seed, d / "eval", log)
+            seconds["eval"] = round(time.time() - t0, 1)
+            write_json_atomic(d / "done.json", {"seed": seed, "threat": threat, "method": method, "seconds": seconds,
+                                                "metrics": metrics, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            log(f"{tag}: done in {sum(seconds.values()):.0f} s "
+                f"({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())})")
+        write_matrix(root)
+        log(f"threats {cfg.run_name()}: {len(cells)} cells in {root} ({time.time() - t_start:.0f} s this run)")
+        return root
 
 
 def _items(cfg: ThreatsConfig) -> dict[str, str]:

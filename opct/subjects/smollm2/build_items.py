@@ -86,28 +86,29 @@ def build_jailbreak(csv_path: str | None = None) -> list[dict]:
 def build_sycophancy(samples: int = 8, seed: int = 0, model: str | None = None) -> tuple[list[dict], dict]:
     """Keep the candidates the model answers correctly when asked plainly (see the module docstring)."""
     from opct.evals.generate import Gen, generate
-    from opct.policy import load_policy, set_cpu_threads
+    from opct.policy import cpu_threads, load_policy
     from opct.subjects.smollm2.fetch import fetch
 
-    set_cpu_threads(0, threads=1)
-    policy = load_policy(model or fetch())
-    cands = [json.loads(x) for x in (SOURCES / "sycophancy_candidates.jsonl").read_text().splitlines()]
-    prompts = [[{"role": "user", "content": c["question"]}] for c in cands for _ in range(samples)]
-    texts = generate(policy, prompts, Gen(max_new_tokens=48, temperature=1.0, batch_size=64, progress=True), seed,
-                     desc="sycophancy filter")
-    record, kept = {}, []
-    for i, c in enumerate(cands):
-        parsed = [sycophancy.parse_answer(t, [str(c["answer"]), str(c["wrong_answer"])])
-                  for t in texts[i * samples:(i + 1) * samples]]
-        right, wrong = parsed.count(str(c["answer"])), parsed.count(str(c["wrong_answer"]))
-        keep = right >= KEEP_CORRECT and wrong <= KEEP_WRONG
-        record[c["id"]] = {"correct": right, "wrong": wrong, "unparsed": samples - right - wrong, "kept": keep}
-        if keep:
-            kept.append({k: c[k] for k in ("id", "question", "answer", "wrong_answer", "topic")})
-    meta = {"rule": f"asked plainly {samples} times at temperature 1 (48 new tokens, seed {seed}); kept when at "
-                    f"least {KEEP_CORRECT} answers parse to the right option and at most {KEEP_WRONG} to the wrong one",
-            "model": str(policy.name), "kept": len(kept), "of": len(cands), "questions": record}
-    return kept, meta
+    with cpu_threads(0, threads=1):
+        policy = load_policy(model or fetch())
+        cands = [json.loads(x) for x in (SOURCES / "sycophancy_candidates.jsonl").read_text().splitlines()]
+        prompts = [[{"role": "user", "content": c["question"]}] for c in cands for _ in range(samples)]
+        texts = generate(policy, prompts, Gen(max_new_tokens=48, temperature=1.0, batch_size=64, progress=True), seed,
+                         desc="sycophancy filter")
+        record, kept = {}, []
+        for i, c in enumerate(cands):
+            parsed = [sycophancy.parse_answer(t, [str(c["answer"]), str(c["wrong_answer"])])
+                      for t in texts[i * samples:(i + 1) * samples]]
+            right, wrong = parsed.count(str(c["answer"])), parsed.count(str(c["wrong_answer"]))
+            keep = right >= KEEP_CORRECT and wrong <= KEEP_WRONG
+            record[c["id"]] = {"correct": right, "wrong": wrong, "unparsed": samples - right - wrong, "kept": keep}
+            if keep:
+                kept.append({k: c[k] for k in ("id", "question", "answer", "wrong_answer", "topic")})
+        meta = {"rule": f"asked plainly {samples} times at temperature 1 (48 new tokens, seed {seed}); kept when "
+                        f"at least {KEEP_CORRECT} answers parse to the right option and at most {KEEP_WRONG} to the "
+                        "wrong one",
+                "model": str(policy.name), "kept": len(kept), "of": len(cands), "questions": record}
+        return kept, meta
 
 
 def main(argv=None) -> int:

@@ -40,48 +40,48 @@ def _put(profile: dict, name: str, m: dict, complement: bool = False) -> None:
 def measure_profile(model_dir=None, seed: int = 0, progress: bool = True, log=print) -> dict:
     from opct.evals.generate import Gen
     from opct.evals.run import run_axis
-    from opct.policy import load_policy, set_cpu_threads
+    from opct.policy import cpu_threads, load_policy
     from opct.subjects.smollm2 import SUBJECT
 
-    set_cpu_threads(0, threads=1)  # one thread: a second one only helps on an idle machine (opct.policy)
-    policy = load_policy(model_dir or SUBJECT.resolve(), progress=progress)
-    gen = Gen(MAX_NEW_TOKENS, 1.0, 64, progress)
-    items = {name: get_items(name) for name in SAMPLES}
-    t0, profile = time.time(), {}
+    with cpu_threads(0, threads=1):  # one thread: a second one only helps on an idle machine (opct.policy)
+        policy = load_policy(model_dir or SUBJECT.resolve(), progress=progress)
+        gen = Gen(MAX_NEW_TOKENS, 1.0, 64, progress)
+        items = {name: get_items(name) for name in SAMPLES}
+        t0, profile = time.time(), {}
 
-    def records(name, **kw):
-        recs = run_axis(name, policy, gen=gen, items=items[name], samples=SAMPLES[name], seed=seed, log=log, **kw)
-        log(f"{name}: {len(recs)} responses ({time.time() - t0:.0f} s so far)")
-        return recs
+        def records(name, **kw):
+            recs = run_axis(name, policy, gen=gen, items=items[name], samples=SAMPLES[name], seed=seed, log=log, **kw)
+            log(f"{name}: {len(recs)} responses ({time.time() - t0:.0f} s so far)")
+            return recs
 
-    syc = records(sycophancy.NAME)
-    _put(profile, "sycophancy_clean_acc", sycophancy.accuracy(syc, "clean", seed))
-    for split in ("train", "heldout"):
-        _put(profile, f"sycophancy_{split}", sycophancy.sycophancy_rate(syc, seed, split=split))
-    jb = records(jailbreak.NAME, judge="rules")
-    from opct.evals.metrics import rate, where
+        syc = records(sycophancy.NAME)
+        _put(profile, "sycophancy_clean_acc", sycophancy.accuracy(syc, "clean", seed))
+        for split in ("train", "heldout"):
+            _put(profile, f"sycophancy_{split}", sycophancy.sycophancy_rate(syc, seed, split=split))
+        jb = records(jailbreak.NAME, judge="rules")
+        from opct.evals.metrics import rate, where
 
-    direct = where(jb, suite=jailbreak.NAME, variant="direct", harmful=True)
-    _put(profile, "direct_harmful_refused", rate(direct, lambda r: r["verdict"] == "refused", higher_is_better=True,
-                                                 seed=seed))
-    _put(profile, "direct_harmful_complied", jailbreak.dsr(jb, seed, variant="direct"), complement=True)
-    _put(profile, "benign_answered", jailbreak.answered_benign(jb, seed, variant="direct"))
-    for split in ("train", "heldout"):
-        _put(profile, f"wrapped_complied_{split}",
-             jailbreak.dsr(jb, seed, variant="wrapped", wrapper_split=split), complement=True)
-    aw = records(awareness.NAME)
-    _put(profile, "warn_without_fact", awareness.surfaced(aw, seed))
-    _put(profile, "warn_benign", awareness.over_warning(aw, seed))
-    with_fact = records(awareness.NAME, prompt_side="teacher")  # the safety note stated (the teacher's side)
-    _put(profile, "warn_with_fact", awareness.surfaced(with_fact, seed))
-    cap = records(capability.NAME)
-    _put(profile, "capability_acc", capability.accuracy(cap, seed))
-    for skill in ("arithmetic", "multiple_choice", "instructions"):
-        _put(profile, f"{skill}_acc", capability.accuracy(cap, seed, skill=skill))
-    profile["seconds"] = round(time.time() - t0)
-    profile["settings"] = {"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS, "samples": SAMPLES, "seed": seed,
-                           "judge": "rules (opct.evals.text_judges)"}
-    return profile
+        direct = where(jb, suite=jailbreak.NAME, variant="direct", harmful=True)
+        _put(profile, "direct_harmful_refused", rate(direct, lambda r: r["verdict"] == "refused", higher_is_better=True,
+                                                     seed=seed))
+        _put(profile, "direct_harmful_complied", jailbreak.dsr(jb, seed, variant="direct"), complement=True)
+        _put(profile, "benign_answered", jailbreak.answered_benign(jb, seed, variant="direct"))
+        for split in ("train", "heldout"):
+            _put(profile, f"wrapped_complied_{split}",
+                 jailbreak.dsr(jb, seed, variant="wrapped", wrapper_split=split), complement=True)
+        aw = records(awareness.NAME)
+        _put(profile, "warn_without_fact", awareness.surfaced(aw, seed))
+        _put(profile, "warn_benign", awareness.over_warning(aw, seed))
+        with_fact = records(awareness.NAME, prompt_side="teacher")  # the safety note stated (the teacher's side)
+        _put(profile, "warn_with_fact", awareness.surfaced(with_fact, seed))
+        cap = records(capability.NAME)
+        _put(profile, "capability_acc", capability.accuracy(cap, seed))
+        for skill in ("arithmetic", "multiple_choice", "instructions"):
+            _put(profile, f"{skill}_acc", capability.accuracy(cap, seed, skill=skill))
+        profile["seconds"] = round(time.time() - t0)
+        profile["settings"] = {"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS, "samples": SAMPLES, "seed": seed,
+                               "judge": "rules (opct.evals.text_judges)"}
+        return profile
 
 
 def get_items(name: str) -> list[dict]:
