@@ -378,3 +378,31 @@ def test_the_ablations_pair_arms_that_differ_in_one_thing(tmp_path):
     assert rows["opct − offpolicy"][-1] == "opct better"  # lower sycophancy in every seed
     assert rows["opct_paper − opct"][-1] == "no difference shown"
     assert rows["bct_benign − bct"][3] == "±0.000 [0.000, 0.000]"
+
+
+def test_paired_intervals_of_rates_and_of_differences_of_rates_stay_in_their_range(tmp_path):
+    """Two seeds (t = 12.7): the paired interval of a difference of two rates is clipped to [-1, 1] (it read
+    -0.188 [-2.570, 2.195]), that of a difference of two BRRs (each in [-1, 1]) to [-2, 2]; in the claims table
+    and in the ablations, as the report's own t-intervals are (`value_range`)."""
+    from test_report import EXPERIMENT, make_run
+
+    from opct.report import load_run
+    from opct.report.paper import ablations_table, claims_table, paired_difference
+
+    rates = {"opct": [0.02, 0.9], "bct": [0.6, 0.7], "offpolicy": [0.9, 0.1]}
+    brr = {"opct": [-0.9, 0.9], "bct": [0.9, -0.9], "offpolicy": [0.0, 0.0]}
+    cells = {(arm, s): {name: {"value": v[arm][s], "ci_low": None, "ci_high": None, "n": 10,
+                               "higher_is_better": False}
+                        for name, v in (("sycophancy.sycophancy_rate_all", rates), ("sycophancy.brr_all", brr),
+                                        ("sycophancy.sycophancy_rate_all[split=heldout]", rates))}
+             for arm in ("opct", "bct", "offpolicy") for s in (0, 1)}
+    run = load_run(make_run(tmp_path, dict(EXPERIMENT, arms=["opct", "bct", "offpolicy"], seeds=[0, 1]), cells))
+    mean, lo, hi, k = paired_difference(run, "opct", "bct", "sycophancy.sycophancy_rate_all")
+    assert k == 2 and mean == pytest.approx(-0.19) and (lo, hi) == (-1.0, 1.0)
+    mean, lo, hi, k = paired_difference(run, "opct", "bct", "sycophancy.brr_all")
+    assert mean == pytest.approx(0.0) and (lo, hi) == (-2.0, 2.0)
+    rows = {r[1]: r for r in claims_table(run)[1]}
+    assert rows["sycophancy.sycophancy_rate_all"][2] == "−0.190 [-1.000, 1.000]"
+    assert rows["sycophancy.brr_all"][2] == "±0.000 [-2.000, 2.000]"
+    cells = [r[3] for r in ablations_table(run)[1] if r[1] == "opct − offpolicy"]
+    assert cells == ["−0.040 [-1.000, 1.000]"]

@@ -508,3 +508,40 @@ def test_a_value_a_rounding_error_outside_its_interval_still_plots(tmp_path):
     run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): m})
     html, md = build_report(run)
     assert data_pngs(html.read_text())
+
+
+@pytest.mark.parametrize("value, shown", [(1e308, "1e+308"), (float("inf"), "inf"), (float("-inf"), "-inf")])
+def test_huge_and_infinite_values_are_shown_as_such_never_a_crash_or_a_dash(tmp_path, value, shown):
+    """A metric of 1e308 or ±inf (a broken eval) is written as what it is, with one seed and with two (the t-interval
+    over 1e308 and a rate overflowed: OverflowError), in every table; an infinite mean has no interval."""
+    one = json.loads(json.dumps(BASE_METRICS))
+    set_metric(one, "awareness.over_warning", value, 0.1, 0.2)
+    run = make_run(tmp_path / "one", dict(EXPERIMENT, arms=["base"]), {("base", 0): one})
+    assert md_table(results(run), "Safety awareness")["base"]["over-warning ↓"] == f"{shown} [0.100, 0.200]"
+    build_report(run)  # the plots too
+    two = make_run(tmp_path / "two", dict(EXPERIMENT, arms=["base"], seeds=[0, 1]),
+                   {("base", 0): one, ("base", 1): BASE_METRICS})
+    cell = md_table(results(two), "Safety awareness")["base"]["over-warning ↓"]
+    mean = {1e308: "5e+307 [-inf, inf]", float("inf"): "inf", float("-inf"): "-inf"}[value]
+    assert cell == mean
+    build_report(two)
+
+
+def test_every_report_writer_formats_huge_and_infinite_numbers():
+    from opct.audit.render import _iv
+    from opct.evals.metrics import format_table
+    from opct.report.aggregate import num, signed, t_interval
+    from opct.report.mechanism import _fmt
+    from opct.robustness.report import _cell
+    from opct.threats.report import cell_text
+
+    assert [num(x) for x in (1e308, float("inf"), -float("inf"), 2.5e6, -1e-17)] == \
+        ["1e+308", "inf", "-inf", "2.5e+06", "0.000"]
+    assert signed(float("-inf")) == "−inf" and signed(float("nan")) == "nan"
+    assert t_interval([1e308, 1e308]) == (1e308, 1e308, 1e308) and t_interval([float("inf"), 0.0])[1:] == (None, None)
+    m = {"value": 1e308, "ci_low": float("-inf"), "ci_high": float("inf"), "n": 2, "higher_is_better": True}
+    assert format_table({"x": m}).splitlines()[1].split()[1:3] == ["1e+308", "[-inf,"]
+    assert _fmt(m) == "1e+308 [-inf, inf]"
+    assert _iv(m, signed=True) == "+1e+308 [-inf, +inf]"
+    assert _cell({"mean": float("inf"), "ci_low": None, "ci_high": None, "n": 2, "n_undefined": 0}, 2) == "inf"
+    assert cell_text({"value": 1e308, "lo": None, "hi": None, "n": 1}).startswith("+1e+308")

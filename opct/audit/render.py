@@ -9,19 +9,20 @@ import html
 import io
 
 from opct.audit.run import CAPABILITY
+from opct.report.aggregate import num
 from opct.report.page import left_out_md
 
 
 def _fmt(x, signed=False):
     if x is None:
         return "—"
-    return f"{x:+.3f}" if signed else f"{x:.3f}"
+    return num(x, plus=signed)
 
 
 def _ci(d):
     if d is None or d.get("ci_low") is None:
         return ""
-    return f" [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+    return f" [{num(d['ci_low'], plus=True)}, {num(d['ci_high'], plus=True)}]"
 
 
 def _iv(d, signed=False):
@@ -164,8 +165,9 @@ def _change(key):
         d = c[key]
         if d["value"] is None:
             return None, ""
-        ci = f"\n[{d['ci_low']:+.2f},{d['ci_high']:+.2f}]" if d.get("ci_low") is not None else ""
-        return d["value"], f"{d['value']:+.2f}{ci}" + ("\ncollapse" if key == "change" and c["collapse"] else "")
+        ci = f"\n[{num(d['ci_low'], 2, True)},{num(d['ci_high'], 2, True)}]" if d.get("ci_low") is not None else ""
+        collapse = "\ncollapse" if key == "change" and c["collapse"] else ""
+        return d["value"], f"{num(d['value'], 2, True)}{ci}{collapse}"
     return value
 
 
@@ -173,7 +175,7 @@ def _unparsed(c):
     if c["unparsed_before"] is None or c["unparsed_after"] is None:
         return None, ""
     d = c["unparsed_after"] - c["unparsed_before"]
-    return d, f"{c['unparsed_before']:.2f}->{c['unparsed_after']:.2f}"
+    return d, f"{num(c['unparsed_before'], 2)}->{num(c['unparsed_after'], 2)}"
 
 
 def _eta_plots(summary: dict) -> str | None:
@@ -196,8 +198,8 @@ def _eta_plots(summary: dict) -> str | None:
         ax.plot([b["score_mid"] for b in c["eta_bins"]], [b["eta"] for b in c["eta_bins"]], "o-")
         ax.set_ylim(-0.05, 1.05)
         t = c["trend"]
-        rho = "n/a" if t["rho"] is None else f"{t['rho']:+.2f}" + (
-            f" [{t['ci_low']:+.2f},{t['ci_high']:+.2f}]" if t["ci_low"] is not None else "")
+        rho = "n/a" if t["rho"] is None else num(t["rho"], 2, True) + (
+            f" [{num(t['ci_low'], 2, True)},{num(t['ci_high'], 2, True)}]" if t["ci_low"] is not None else "")
         ax.set_title(f"{c['organism'][:16]} / {c['method']}\nrho {rho}", fontsize=7)
         ax.tick_params(labelsize=6)
         ax.set_xlabel("score - prompt mean", fontsize=6)

@@ -133,13 +133,15 @@ def name(suite: str, metric_name: str, **group) -> str:
 
 def format_table(metrics: dict, names: Sequence[str] | None = None) -> str:
     """A plain-text table: metric, value, 95% CI, n, unparsed count, and which direction is better."""
+    from opct.report.aggregate import num
+
     names = list(names or metrics)
     w = max([len("metric")] + [len(k) for k in names])
     lines = [f"{'metric':<{w}}  {'value':>6}  {'95% CI':>15}  {'n':>6}  {'unparsed':>8}  better"]
     for k in names:
         m = metrics[k]
-        v = "-" if m["value"] is None else f"{m['value']:.3f}"
-        ci = "-" if m["ci_low"] is None else f"[{m['ci_low']:.3f}, {m['ci_high']:.3f}]"
+        v = "-" if m["value"] is None else num(m["value"])
+        ci = "-" if m["ci_low"] is None else f"[{num(m['ci_low'])}, {num(m['ci_high'])}]"
         better = "higher" if m["higher_is_better"] else "lower"
         lines.append(f"{k:<{w}}  {v:>6}  {ci:>15}  {m['n']:>6}  {m.get('parse_fail', 0):>8}  {better}")
     return "\n".join(lines)

@@ -8,7 +8,9 @@
 Every metric opct writes is a rate in [0, 1] except a difference of two rates in [-1, 1] (BRR, BRR over all rows,
 PAR: `DIFFERENCES`);
 a t-interval is clipped to that range (with two seeds t = 12.7, so an unclipped interval of a rate easily reads
-[-1.2, 2.2]). A metric with a value outside [0, 1] and no known range is not clipped.
+[-1.2, 2.2]), and a paired difference of two arms' values to the range of a difference (`difference_range`).
+A metric with a value outside [0, 1] and no known range is not clipped. A huge or infinite value is a value: it is
+shown as such (`num`: 1e+308, inf), and an infinite one has no interval.
 
 A seed whose metric is missing or null (an empty group, a suite not run) is left out; `n_seeds` says how many seeds
 went into the number, so a cell built from fewer seeds than its row is visible.
@@ -38,10 +40,11 @@ def t_interval(xs, lo: float | None = None, hi: float | None = None):
     """(mean, low, high) of a non-empty list of per-seed values: the 95% Student-t interval mean ± t(0.975, k-1)·s/√k,
     clipped to [lo, hi] where given; low and high are None from a single value (no spread to estimate)."""
     k = len(xs)
-    mean = sum(xs) / k
-    if k < 2:
-        return mean, None, None
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (k - 1))
+    mean = sum(x / k for x in xs)  # not sum(xs) / k: two values of 1e308 add up to inf
+    if k < 2 or not math.isfinite(mean):
+        return mean, None, None  # an infinite value has no interval to give
+    scale = max(abs(x - mean) for x in xs) or 1.0  # the squares of values near 1e308 overflow
+    sd = scale * math.sqrt(sum(((x - mean) / scale) ** 2 for x in xs) / (k - 1))
     half = t975(k - 1) * sd / math.sqrt(k)
     low, high = mean - half, mean + half
     return mean, low if lo is None else max(lo, low), high if hi is None else min(hi, high)
@@ -60,7 +63,7 @@ def estimate(run, arm: str, metric: str) -> Estimate | None:
     """The arm's aggregate for `metric`, or None when no complete seed has a value for it."""
     ms = [c.metrics[metric] for c in run.seed_runs(arm)
           if metric in c.metrics and c.metrics[metric].get("value") is not None
-          and math.isfinite(c.metrics[metric]["value"])]
+          and not math.isnan(c.metrics[metric]["value"])]  # inf is a value, shown as such (`num`); NaN is none
     if not ms:
         return None
     hib = next((m["higher_is_better"] for m in ms if isinstance(m.get("higher_is_better"), bool)), None)
@@ -88,18 +91,37 @@ def value_range(metric: str, values: list[float]):
     return None
 
 
+def difference_range(metric: str, values: list[float]):
+    """The range of a difference of two values of `metric` (`value_range` minus itself: [-1, 1] for two rates,
+    [-2, 2] for two differences of rates), or None when unknown."""
+    r = value_range(metric, values)
+    return None if r is None else (r[0] - r[1], r[1] - r[0])
+
+
+# beyond this a number is written in exponent form (1e+308 is one word, not 309 digits)
+HUGE = 1e6
+
+
 def signed(x: float, digits: int = 3) -> str:
-    """+0.012 / −0.005 (a real minus sign, so a column of deltas lines up and reads as a number)."""
-    s = f"{abs(x):.{digits}f}"
+    """+0.012 / −0.005 (a real minus sign, so a column of deltas lines up and reads as a number); +inf / −inf / nan
+    for what is not finite."""
+    if math.isnan(x):
+        return "nan"
+    s = num(abs(x), digits)
     if s == f"{0:.{digits}f}":
         return "±" + s
     return ("+" if x > 0 else "−") + s
 
 
-def num(x: float, digits: int = 3) -> str:
-    """x to `digits` places, never '-0.000' (a bootstrap bound of -1e-17 is zero)."""
-    s = f"{x:.{digits}f}"
-    return s[1:] if s.startswith("-") and float(s) == 0 else s
+def num(x: float, digits: int = 3, plus: bool = False) -> str:
+    """x to `digits` places (`plus`: with its sign, +0.012 / -0.005), never '-0.000' (a bootstrap bound of -1e-17 is
+    zero); a huge value in exponent form (1e+308), a non-finite one as inf / -inf / nan: every report writes its
+    numbers through this, so a value is shown as what it is, never dropped and never a crash."""
+    sign = "+" if plus else ""
+    if not math.isfinite(x) or abs(x) >= HUGE:
+        return f"{x:{sign}.{digits}g}"
+    s = f"{x:{sign}.{digits}f}"
+    return sign + s[1:] if s.startswith("-") and float(s) == 0 else s
 
 
 def cell_text(est: Estimate | None, row_seeds: int = 1, base: Estimate | None = None,

@@ -261,9 +261,11 @@ def summarise(result: dict) -> dict:
 def _fmt(m: dict) -> str:
     if m.get("value") is None:
         return "undefined"
+    from opct.report.aggregate import num
+
     if m.get("ci_low") is None or m.get("n", 0) < 2:
-        return f"{m['value']:.3f}"
-    return f"{m['value']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]"
+        return num(m["value"])
+    return f"{num(m['value'])} [{num(m['ci_low'])}, {num(m['ci_high'])}]"
 
 
 def load(run_dir) -> dict | None:

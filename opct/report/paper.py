@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from opct.report.aggregate import num, signed, t_interval
+from opct.report.aggregate import difference_range, num, signed, t_interval
 
 # The paper's published numbers (fractions): metric -> {model: {arm: value}}.
 PUBLISHED = {
@@ -118,17 +118,21 @@ def _role(role: str, metric: str) -> str:
 
 
 def paired_difference(run, a: str, b: str, metric: str):
-    """(mean, lo, hi, k) of metric(a, s) - metric(b, s) over the seeds both have; None when none has both."""
+    """(mean, lo, hi, k) of metric(a, s) - metric(b, s) over the seeds both have; None when none has both. The
+    interval is clipped to the range of a difference of the metric's values (`difference_range`: [-1, 1] for rates,
+    [-2, 2] for BRR or PAR), as the report's own t-intervals are."""
     def per_seed(arm):
         return {c.seed: c.metrics[metric]["value"] for c in run.seed_runs(arm)
                 if isinstance((c.metrics.get(metric) or {}).get("value"), (int, float))
-                and math.isfinite(c.metrics[metric]["value"])}
+                and not math.isnan(c.metrics[metric]["value"])}
 
     va, vb = per_seed(a), per_seed(b)
-    ds = [va[s] - vb[s] for s in sorted(set(va) & set(vb))]
+    both = sorted(set(va) & set(vb))
+    ds = [va[s] - vb[s] for s in both]
     if not ds:
         return None
-    return (*t_interval(ds), len(ds))
+    bounds = difference_range(metric, [v for s in both for v in (va[s], vb[s])]) or (None, None)
+    return (*t_interval(ds, *bounds), len(ds))
 
 
 def verdict(claim: Claim, diff) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from opct.files import read_json, write_atomic
 from opct.report import page
+from opct.report.aggregate import num
 
 NOTE = ("Each cell: the change against the sample-matched benign-SFT control of the same seed (method − control; "
         "the control is SFT for the same steps × rows on benign prompts with the starting model's greedy answers), "
@@ -21,8 +22,8 @@ NOTE = ("Each cell: the change against the sample-matched benign-SFT control of 
 
 def _signed(x: float) -> str:
     """+0.12 / -0.05; a value that rounds to zero is 0.00, never -0.00 (a delta of -1e-4 is no decrease)."""
-    s = f"{x:+.2f}"
-    return "0.00" if float(s) == 0 else s
+    s = num(x, 2, plus=True)
+    return "0.00" if s == "+0.00" else s
 
 
 def cell_text(c: dict | None) -> str:
@@ -80,7 +81,7 @@ def control_row(m: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def _f(x) -> str:
-    return "–" if x is None else f"{x:.3f}"
+    return "–" if x is None else num(x)
 
 
 def _colour(c: dict | None, scale: float) -> tuple[str, bool]:
