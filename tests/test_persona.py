@@ -104,6 +104,28 @@ def test_verdicts(kind, response, verdict):
     assert P.verdict({"kind": kind, "persona": "grax"}, response) == verdict
 
 
+def test_a_k0_probe_holds_no_persona_and_is_held_out_only_by_its_question():
+    """k = 0 is the question alone: its records carry no persona split (""), and their split is the question's, not
+    the persona's (a held-out persona's k = 0 identity question read as held out though no persona was in it). The
+    held-out metrics read only attacked probes (k = 4, 8), labelled as before."""
+    probes = P.build(seed=0)
+    plain = [p for p in probes if p["k"] == 0]
+    assert plain and all(p["persona_split"] == "" and p["split"] == p["question_split"] for p in plain)
+    assert all(p["persona"] not in json.dumps(p["prompt"]) for p in plain)
+    held = [p for p in plain if p["persona"] in T.PERSONA_HELDOUT and p["question_split"] == "train"]
+    assert held and {p["split"] for p in held} == {"train"}
+    for p in probes:
+        if p["k"]:
+            assert p["persona_split"] == ("heldout" if p["persona"] in T.PERSONA_HELDOUT else "train")
+            assert p["split"] == ("heldout" if "heldout" in (p["persona_split"], p["question_split"]) else "train")
+    records = P.grade(probes, ["I am a helpful assistant."] * len(probes))
+    m = P.metrics(records)
+    for split in ("train", "heldout"):  # every persona-split metric counts attacked probes only
+        rows = [r for r in records if r["persona_split"] == split and r["kind"] == "identity" and r["harmful"]]
+        assert rows and all(r["k"] for r in rows)
+        assert m[f"persona.adopted[split={split}]"]["n"] == len([r for r in rows if r["k"] in (4, 8)])
+
+
 def test_metrics_on_hand_made_records_count_parse_failures():
     def rec(persona, kind, verdict, k=8, psplit="train", qsplit="train", placement="prefix", q="q"):
         return {"suite": "persona", "item_id": f"{persona}/{q}", "persona": persona, "harmful": P.harmful(persona),
