@@ -3,9 +3,11 @@
 chat template; one failing task that does not lose the others; metric names, directions and intervals."""
 
 import json
+import shutil
 
 import pytest
 
+from opct.errors import OpctError
 from opct.evals.lm_eval_bridge import to_metrics
 
 lm_eval = pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (pip install 'opct[lmeval]')")
@@ -90,6 +92,11 @@ def test_opct_eval_says_at_the_end_which_lm_eval_tasks_failed(tasks_dir, tmp_pat
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     include = tmp_path / "tasks"
     shutil.copytree(tasks_dir, include)
+    # a task lm-eval knows whose data file is not there yet: it fails when it runs (an unknown task is refused
+    # before the model loads)
+    data = tmp_path / "later.jsonl"
+    (include / "again.yaml").write_text((include / "opct_arith.yaml").read_text().replace(
+        "task: opct_arith", "task: no_such_task_anywhere").replace(str(tasks_dir / "arith.jsonl"), str(data)))
     out = tmp_path / "ev"
     argv = ["eval", "--model", str(SHIPPED_DIR / "default"), "--suite", "capability", "--n", "2", "--lm-eval",
             "--lm-eval-include", str(include), "--lm-eval-tasks", "opct_arith", "no_such_task_anywhere",
@@ -110,13 +117,12 @@ def test_opct_eval_says_at_the_end_which_lm_eval_tasks_failed(tasks_dir, tmp_pat
     assert all("<|" in s["arguments"][0][0] for s in samples)  # the chat template's markers are in the prompt
     assert not (out / "lm_eval_samples" / "no_such_task_anywhere.jsonl").exists()
 
-    # the user adds the missing task and resumes: the failed task runs again (it used to be re-reported for ever),
+    # the user adds the missing data and resumes: the failed task runs again (it used to be re-reported for ever),
     # the axis's own records and the finished task's metric are kept
     records = (out / "records.jsonl").read_text()
     arith = json.loads((out / "metrics.json").read_text())["capability.lm_eval[task=opct_arith,measure=exact_match,"
                                                             "filter=answer]"]
-    (include / "again.yaml").write_text((include / "opct_arith.yaml").read_text().replace(
-        "task: opct_arith", "task: no_such_task_anywhere"))
+    shutil.copy(tasks_dir / "arith.jsonl", data)
     assert main([*argv, "--resume"]) == 0
     captured = capsys.readouterr()
     assert "capability: running again the lm-eval tasks that failed before: no_such_task_anywhere" in captured.out \
@@ -213,3 +219,33 @@ def test_a_run_killed_between_lm_eval_tasks_keeps_the_finished_ones(tasks_dir, t
     assert all(metrics[k] == v for k, v in first.items())
     assert "capability.lm_eval[task=second_arith,measure=exact_match,filter=answer]" in metrics
     assert not (out / "lm_eval_partial.json").exists()
+
+
+def test_an_unknown_task_is_refused_before_the_model_loads_with_close_matches(tasks_dir, tmp_path, monkeypatch,
+                                                                               capsys):
+    """`--lm-eval-tasks` is checked against the harness's tasks (and the include folder's) before anything runs: a
+    typo used to be found after the whole capability axis (and every other suite asked for) had run. A task YAML that
+    does not parse is named with it; an experiment refuses it before its first cell."""
+    from opct.cli import main
+    from opct.organism.build import SHIPPED_DIR
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "ev"
+    (tmp_path / "broken.yaml").write_text("task: broken\n  bad: [\n")
+    shutil.copy(tasks_dir / "opct_arith.yaml", tmp_path / "opct_arith.yaml")
+    argv = ["eval", "--model", str(SHIPPED_DIR / "default"), "--suite", "sycophancy,capability", "--n", "2",
+            "--lm-eval", "--lm-eval-include", str(tmp_path), "--lm-eval-tasks", "opct_arith", "opct_arth", "ifevall",
+            "--no-progress", "--out", str(out)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "lm_eval_tasks: not a task lm-eval knows: 'opct_arth' (close: opct_arith); 'ifevall' (close: ifeval" in err
+    assert f"{tmp_path}/broken.yaml:2: not valid YAML" in err
+    assert not out.exists()  # nothing ran, nothing was written
+
+    from opct.experiment import load_experiment, run_experiment
+
+    cfg = load_experiment(name="x", model=str(SHIPPED_DIR / "default"), out=str(tmp_path / "runs"), arms=["base"],
+                          eval={"suite": "capability", "lm_eval": True, "lm_eval_tasks": ["nosuchtask"]})
+    with pytest.raises(OpctError, match="eval: lm_eval_tasks: not a task lm-eval knows: 'nosuchtask'"):
+        run_experiment(cfg, log=lambda m: None)
+    assert not (tmp_path / "runs" / "x").exists()

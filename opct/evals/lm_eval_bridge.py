@@ -18,7 +18,8 @@ the harness's normal approximation (value ± 1.96 stderr), clipped to the measur
 ([0, 1] for an accuracy, [-1, 1] for a Matthews correlation; never by the value: an MCC of 0.2 is no rate); `n` is
 the number of documents evaluated (a group's: those of its tasks). Each document's prompt (as sent), responses,
 target and scores go to `RUN/lm_eval_samples/TASK.jsonl` (`write_samples`). A task that fails is logged and listed in
-`errors` (run.json's `lm_eval_errors`; a resumed eval runs it again), and the others still run; a task the harness
+`errors` (run.json's `lm_eval_errors`; a resumed eval runs it again), and the others still run; a task name the
+harness does not know is refused before anything runs (`check_tasks`, from `opct.evals.run.check_config`); one it
 cannot find is reported with the include folder's YAML files that do not parse (the harness skips those without a
 word, so a typo in one reads as "not a registered task"). When `lm_eval` is not installed the bridge is skipped with
 a message saying so, and every task asked for is listed in `errors` as not run (so `opct eval` exits 1 and an
@@ -27,12 +28,13 @@ experiment's report lists them); it never stops the run.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import re
 from pathlib import Path
 
-from opct.errors import first_line
+from opct.errors import OpctError, first_line
 
 TASKS = ("minerva_math500", "gpqa_diamond_cot_zeroshot", "ifeval")
 PREFIX = "capability.lm_eval"
@@ -88,6 +90,52 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
         if on_task is not None:
             on_task(task, done)
     return out
+
+
+def check_tasks(tasks, include_path=None) -> None:
+    """An OpctError naming each task the harness does not know (neither a registered task, group or tag, with the
+    include folder's, nor a task YAML's path), with close matches and the include folder's YAMLs that do not parse:
+    called before any model loads or axis runs, so a typo is not found after the other axes. Indexing the harness's
+    tasks takes a few seconds; nothing is checked when `lm_eval` is not installed (the bridge says so when it runs)."""
+    if not available():
+        return
+    import difflib
+
+    from lm_eval.tasks._index import TaskIndex
+
+    folder = Path(include_path) if include_path else None
+    known = _known_tasks(str(folder) if folder else None, tuple(
+        sorted((str(p), p.stat().st_mtime_ns) for p in folder.rglob("*.y*ml")) if folder else ()))
+    names = set(known)
+    bad = [t for t in tasks if t not in names and not TaskIndex.entry_from_path(Path(t))]
+    if not bad:
+        return
+    said = []
+    for t in bad:
+        close = difflib.get_close_matches(t, known, n=3, cutoff=0.75)
+        said.append(f"{t!r}" + (f" (close: {', '.join(close)})" if close else ""))
+    unparsed = unparseable_yamls(include_path) if include_path else []
+    raise OpctError(f"lm_eval_tasks: not a task lm-eval knows: {'; '.join(said)}"
+                    + (f" (with the task YAMLs of {include_path})" if include_path else
+                       " (a task of your own needs --lm-eval-include DIR)")
+                    + "".join(f"; {u}" for u in unparsed))
+
+
+@functools.lru_cache(maxsize=4)
+def _known_tasks(include_path: str | None, yamls: tuple) -> tuple[str, ...]:
+    """The harness's task, group and tag names, with those of `include_path`; cached by the folder's YAML files and
+    their times (`yamls`), so an experiment's cells index once and a task file added since is seen."""
+    import logging
+
+    from lm_eval.tasks import TaskManager
+
+    quiet = logging.getLogger("lm_eval")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # the index warns about every YAML it skips
+    try:
+        return tuple(TaskManager(include_path=include_path).all_tasks)
+    finally:
+        quiet.setLevel(level)
 
 
 SAMPLES_DIR = "lm_eval_samples"  # in an eval's run directory: TASK.jsonl per evaluated (sub)task

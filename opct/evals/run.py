@@ -219,6 +219,10 @@ def check_config(cfg: EvalConfig) -> dict[str, list[dict]]:
         raise OpctError(f"--lm-eval-include: {cfg.lm_eval_include}: "
                         f"{'not a folder' if Path(cfg.lm_eval_include).exists() else 'no such folder'} "
                         "(a folder of lm-eval task YAMLs)")
+    if cfg.lm_eval:
+        from opct.evals.lm_eval_bridge import check_tasks
+
+        check_tasks(cfg.lm_eval_tasks, cfg.lm_eval_include)
     return load_axis_items(cfg)
 
 

@@ -111,6 +111,12 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
 
     check_samplers({f"arm {a}": cfg.arm_config(a) for a in cfg.arms if cfg.method(a) not in UNTRAINED})
     root = Path(cfg.out) / cfg.name
+    from opct.evals.run import check_config
+
+    try:  # what every cell's eval would refuse (lm-eval tasks, their folder, items files), before any cell runs
+        check_config(dataclasses.replace(cfg.eval, out=str(root), axis_items=axis_items(cfg)))
+    except OpctError as e:
+        raise OpctError(f"eval: {e}") from None
     if cfg.pairs and any(cfg.method(a) not in UNTRAINED for a in cfg.arms):
         # checked before the base arm's eval, not when the first trained arm starts
         _user_pairs(Path(cfg.pairs), cfg.trained)

@@ -88,6 +88,12 @@ def run_threats(cfg: ThreatsConfig, log=print) -> Path:
 
     check_samplers({f"method {m}": cfg.train_config(m) for m in cfg.methods})  # before any cell runs
     root = Path(cfg.out) / cfg.run_name()
+    from opct.evals.run import check_config
+
+    try:  # what every cell's eval would refuse (lm-eval tasks, their folder, items files), before any cell runs
+        check_config(dataclasses.replace(cfg.eval, suite="all", out=str(root), axis_items=_items(cfg)))
+    except OpctError as e:
+        raise OpctError(f"eval: {e}") from None
     model = resolve_model(cfg.model)
     now = resolved(cfg, model)
     old = _previous(root, now)
