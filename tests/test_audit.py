@@ -1,4 +1,5 @@
-"""The misalignment audit: the splits are disjoint (by unit, item and text), the judges and the external scorer (blind
+"""The misalignment audit: the splits are disjoint (by unit, item and text; the capability probes from every split
+that trains), the judges and the external scorer (blind
 to the word the judge reads), the labellers' protocol on a scripted policy, the diagnostic's statistics against
 closed forms, collapse and the findings' verdicts on hand-made results, one grid cell end to end on the tiny test
 organism, and user errors."""
@@ -11,12 +12,13 @@ import pytest
 
 from opct.audit import diagnostic as D
 from opct.audit.labellers import LABELLERS, LabelConfig
-from opct.audit.organisms import ORGANISMS, capability_probes, capable
+from opct.audit.organisms import ORGANISMS, capability_probes, capable, text_of
 from opct.audit.organisms import emergent as EM
 from opct.audit.organisms import reward_hacking as RH
 from opct.audit.organisms import spurious as SC
 from opct.audit.organisms import sycophantic as SYC
-from opct.audit.splits import SPLITS, build_splits, make_pairs, overlaps, record
+from opct.audit.splits import SPLITS, TRAINING, build_splits, make_pairs, overlaps, record
+from opct.axes.base import text_key
 from tiny_lm import cli_error, one_thread  # noqa: F401  (one_thread: autouse fixture)
 
 
@@ -24,22 +26,40 @@ from tiny_lm import cli_error, one_thread  # noqa: F401  (one_thread: autouse fi
 
 @pytest.mark.parametrize("name", list(ORGANISMS))
 def test_splits_are_disjoint_by_unit_item_and_text(name):
+    """The full audit's sizes (600 derivation examples with their replay, 64 label prompts and pairs, 200 eval and 60
+    capability probes): no two of derive / label / pairs / eval share a unit, an item or a text, nor do the
+    capability probes with any split that trains (texts compared case and spacing aside)."""
+    caps = []
     for seed in (0, 1, 2):
-        s = build_splits(name, seed, 300, 64, 64, 200, 300)
+        s = build_splits(name, seed, 600, 64, 64, 200, 600, 60)
         entry = record(s, make_pairs(s, "paper") + make_pairs(s, "targeted") + make_pairs(s, "paired"))
         assert set(entry) == set(SPLITS) and all(entry[k]["items"] and entry[k]["texts"] for k in SPLITS)
         assert overlaps(entry) == [], (name, seed)
         assert not set(entry["eval"]["units"]) & set(ORGANISMS[name].units)  # eval units: outside the pool
+        assert not set(entry["capability"]["units"]) & set(ORGANISMS[name].units)  # capability units too
+        trained = {text_key(t) for k in TRAINING for t in entry[k]["texts"]}
+        assert not {text_key(text_of(p["messages"])) for p in s.capability} & trained
+        caps.append(s.capability)
+    assert caps[0] == caps[1] == caps[2]  # the same capability probes for every seed (and organism)
     other = build_splits(name, 1, 300, 64, 64, 200, 300)
     assert other.units["derive"] != s.units["derive"] or other.derive != s.derive  # the seed varies the derivation
 
 
 def test_an_overlap_is_found():
-    s = build_splits(SYC.NAME, 0, 50, 8, 8, 8)
+    s = build_splits(SYC.NAME, 0, 50, 8, 8, 8, 0, 6)
     leaked = dict(s.__dict__, label=s.label + s.eval[:1])
     problems = overlaps(record(type(s)(**leaked)))
     assert any("label and eval share 1 items" in p for p in problems)
     assert any("label and eval share 1 texts" in p for p in problems)
+    # a capability probe that a split which trains also holds: by item, and by its text in other case and spacing
+    shout = dict(s.label[0], item="other", messages=[{"role": "user", "content": "  " + s.label[0]["messages"][0]
+                                                      ["content"].upper()}])
+    leaked = dict(s.__dict__, capability=[*s.capability, s.derive[0] | {"unit": "x"}, shout])
+    problems = overlaps(record(type(s)(**leaked)))
+    assert any("capability and derive share 1 items" in p for p in problems)
+    assert any("capability and label share 1 texts" in p for p in problems)
+    assert overlaps(record(s)) == []  # capability and eval only measure: sharing units (entities) is allowed
+    assert set(s.units["capability"]) & set(s.units["eval"])
 
 
 def test_eval_probes_are_out_of_distribution():
@@ -111,6 +131,12 @@ def test_capability_probes():
     cap = capability_probes(random.Random(0), 3)
     assert capable(cap[0], f"The answer is {cap[0]['meta']['answer']}.")
     assert not capable(cap[1], "none of them")
+    cap = capability_probes(random.Random(0), 60)  # the full audit's: 20 per skill, no repeats where pools allow
+    by = {k: [p for p in cap if p["meta"]["skill"] == k] for k in ("arithmetic", "facts", "instructions")}
+    assert [len(v) for v in by.values()] == [20, 20, 20]
+    assert len({p["item"] for p in by["arithmetic"]}) == 20 and len({p["item"] for p in by["facts"]}) == 20
+    assert {p["unit"] for p in by["facts"]} <= set(SC.EVAL_ENTITIES)
+    assert {p["unit"] for p in by["instructions"]} <= {*RH.EVAL_TOPICS, "repeat"}
 
 
 # ------------------------------------------------------------------------------------------ labellers (protocol)

@@ -1,7 +1,8 @@
 """`AuditConfig` and the audit loop: for every (organism, seed), then every method, three phases.
 
   1. instantiate   build the seed's splits (opct/audit/splits.py: derive / label / pairs / eval, disjoint by unit, item
-                   and text; written to OUT/splits.json) and derive the organism from its base — the base organism,
+                   and text, and the capability probes, disjoint from every split that trains; written to
+                   OUT/splits.json) and derive the organism from its base — the base organism,
                    or for `sycophancy_protected` the protected base (alignment SFT first) — by SFT on its derive split
                    (full fine-tuning, cached under OUT/organisms/). Measure the base and the organism on the eval
                    probes (T = 1), and the organism's coherence on its label prompts (opct/audit/coherence.py);
@@ -28,9 +29,9 @@ from typing import TYPE_CHECKING
 
 from opct.audit.cell import measure, run_cell
 from opct.audit.methods import METHOD_NAMES, PAPER_METHODS
-from opct.audit.organisms import ORGANISMS, capability_probes
+from opct.audit.organisms import ORGANISMS
 from opct.audit.organisms import sycophantic as SYC
-from opct.audit.splits import build_splits, make_pairs, overlaps, record, rng
+from opct.audit.splits import build_splits, capability_split, make_pairs, overlaps, record, rng
 from opct.axes.capability import NAME as CAPABILITY  # the capability rate's key in results.jsonl
 from opct.config import SEED, ConfigError, changes, option, require, restart_allowed, validate
 from opct.errors import DataError, OpctError
@@ -145,7 +146,7 @@ def all_splits(cfg: AuditConfig) -> dict:
     for name in cfg.organisms:
         for seed in cfg.seeds:
             s = build_splits(name, seed, cfg.derive_examples, cfg.label_prompts, cfg.pairs_n, cfg.eval_n,
-                             cfg.derive_examples)
+                             cfg.derive_examples, cfg.capability_n)
             entry = record(s, make_pairs(s, "paper") + make_pairs(s, "targeted"))
             problems = overlaps(entry)
             if problems:
@@ -173,7 +174,7 @@ def run_audit(cfg: AuditConfig, log=print) -> Path:
         splits = all_splits(cfg)
         done = {_key(r) for r in read_results(out)}
         derive = DeriveConfig(examples=cfg.derive_examples, steps=cfg.derive_steps, lr=cfg.derive_lr)
-        cap_probes = capability_probes(rng(CAPABILITY), cfg.capability_n)
+        cap_probes = capability_split(cfg.capability_n)  # every organism and seed's splits hold these same probes
         bases = {"plain": base}
         t_start = time.time()
         if any(ORGANISMS[o].base == "protected" for o in cfg.organisms):

@@ -6,10 +6,14 @@ of general skills drawn inside them), the label units (the held-out half of the 
 the labellers pseudo-label) and the pairs units (the BCT / ACT pairs). The eval probes come from fixed units that no
 split draws from, in other surface forms (out of distribution), the same for every seed so that seeds compare.
 The protected sycophancy organism's derive split also holds its base's alignment-SFT data (fixed units of its own).
+The capability probes (arithmetic, multiple-choice facts, instruction constraints, measured before and after every
+method) are a split of their own: fixed items that no split which trains (derive with its replay, label, pairs) may
+draw (organisms/base.py), the same for every organism and seed; they may share units with the eval probes, since
+neither trains.
 
 `build_splits` returns the splits' contents; `record` turns them into what OUT/splits.json lists per organism and seed:
 for each split its units, the underlying item ids and the prompt texts; `overlaps` names every unit, item or text
-that two splits share (none, or the audit stops).
+that two splits share (none, or the audit stops; texts are compared as `opct.axes.base.text_key` reads them).
 """
 
 from __future__ import annotations
@@ -20,11 +24,17 @@ import zlib
 from dataclasses import dataclass
 from itertools import combinations
 
-from opct.audit.organisms import ORGANISMS, OrganismSpec, text_of
+from opct.audit.organisms import ORGANISMS, OrganismSpec, capability_probes, text_of
 from opct.audit.organisms import sycophantic as SYC
+from opct.axes.base import text_key
+from opct.axes.capability import NAME as CAPABILITY
 from opct.errors import OpctError
 
-SPLITS = ("derive", "label", "pairs", "eval")
+SPLITS = ("derive", "label", "pairs", "eval", "capability")
+TRAINING = ("derive", "label", "pairs")  # the splits that train; eval and capability only measure
+# The pairs of splits that must not share a unit, an item or a text: any two of derive / label / pairs / eval, and
+# the capability probes against every split that trains.
+CHECKED = [*combinations(SPLITS[:4], 2), *(("capability", t) for t in TRAINING)]
 
 
 def rng(*key) -> random.Random:
@@ -41,6 +51,7 @@ class Splits:
     pairs: list[dict]  # probes the BCT / ACT pairs are built from
     eval: list[dict]  # probes
     align: list[dict]  # the protected base's alignment-SFT examples (listed under "derive"); empty otherwise
+    capability: list[dict] = ()  # the capability probes (the same for every organism and seed)
 
 
 def allocate(spec: OrganismSpec, seed: int) -> dict:
@@ -57,8 +68,13 @@ def alignment_examples(n: int) -> list[dict]:
     return SYC.alignment_data(rng(SYC.NAME, "align"), n)
 
 
+def capability_split(n: int) -> list[dict]:
+    """The capability probes: fixed (one draw for every organism and seed, so capability numbers compare)."""
+    return capability_probes(rng(CAPABILITY), n)
+
+
 def build_splits(name: str, seed: int, derive_n: int, label_n: int, pairs_n: int, eval_n: int,
-                 align_n: int = 0) -> Splits:
+                 align_n: int = 0, capability_n: int = 0) -> Splits:
     spec = ORGANISMS[name]
     units = allocate(spec, seed)
     derive = spec.derive_data(rng(spec.family, "derive", seed), units["derive"], derive_n)
@@ -67,9 +83,11 @@ def build_splits(name: str, seed: int, derive_n: int, label_n: int, pairs_n: int
     pairs = spec.label_probes(rng(spec.family, "pairs", seed), units["pairs"], pairs_n)
     evals = spec.eval_probes(rng(spec.family, "eval"), eval_n)
     units["eval"] = sorted({p["unit"] for p in evals})
+    capability = capability_split(capability_n)
+    units["capability"] = sorted({p["unit"] for p in capability})
     if spec.base == "protected":
         units["derive"] = sorted(set(units["derive"]) | set(SYC.ALIGN_ENTITIES))
-    return Splits(name, seed, units, derive, label, pairs, evals, align)
+    return Splits(name, seed, units, derive, label, pairs, evals, align, capability)
 
 
 def record(s: Splits, pairs=()) -> dict:
@@ -79,17 +97,21 @@ def record(s: Splits, pairs=()) -> dict:
             "label": [(p["item"], text_of(p["messages"])) for p in s.label],
             "pairs": [(p["item"], text_of(p["messages"])) for p in s.pairs] +
                      [(p.meta["item"], text_of(m)) for p in pairs for m in (p.teacher, p.student)],
-            "eval": [(p["item"], text_of(p["messages"])) for p in s.eval]}
+            "eval": [(p["item"], text_of(p["messages"])) for p in s.eval],
+            "capability": [(p["item"], text_of(p["messages"])) for p in s.capability]}
     return {split: {"units": list(s.units[split]), "items": sorted({i for i, _ in rows[split]}),
                     "texts": sorted({t for _, t in rows[split]})} for split in SPLITS}
 
 
 def overlaps(entry: dict) -> list[str]:
-    """Every unit, item id and prompt text that two splits of one entry share (an empty list: disjoint)."""
+    """Every unit, item id and prompt text that two splits of one entry share (an empty list: disjoint): any two of
+    derive / label / pairs / eval, and the capability probes against each split that trains. Texts are compared
+    case and spacing aside (`text_key`)."""
     problems = []
-    for a, b in combinations(SPLITS, 2):
+    for a, b in CHECKED:
         for what in ("units", "items", "texts"):
-            shared = sorted(set(entry[a][what]) & set(entry[b][what]))
+            key = text_key if what == "texts" else str
+            shared = sorted({key(x) for x in entry[a][what]} & {key(x) for x in entry[b][what]})
             if shared:
                 problems.append(f"{a} and {b} share {len(shared)} {what} (first: {shared[0]!r})")
     return problems

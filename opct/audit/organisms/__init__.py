@@ -16,7 +16,8 @@ from __future__ import annotations
 import random
 
 from opct.audit.organisms import emergent, reward_hacking, spurious, sycophantic
-from opct.audit.organisms.base import OrganismSpec, Probe, probe, text_of, user
+from opct.audit.organisms.base import (CAPABILITY_ARITHMETIC, HELD_ENTITIES, OrganismSpec, Probe,
+                                      capability_instruction, fact_key, instruction_key, probe, text_of, user)
 from opct.world import items as I
 from opct.world import judges as J
 
@@ -35,21 +36,40 @@ def coherent_of(name: str) -> str:
 
 # ------------------------------------------------------------------------------------------ capability
 
+INSTRUCTION_KINDS = ("start", "end", "both", "repeat")  # opct.world.items.instruction_item's, in equal shares
+
 def capability_probes(rng: random.Random, n: int) -> list[Probe]:
-    arith, mc = I.arithmetic_single(), I.fact_mc_items()
+    """n capability probes, a third each arithmetic, multiple-choice facts and instruction constraints, from the items
+    no split trains on (base.py: CAPABILITY_ARITHMETIC, the held entities' facts, the held topics' and two repeat
+    words' requests). Arithmetic and facts are dealt without repeats until their pool is used up; instruction
+    requests keep the world's kinds in equal shares (begin / end / both / repeat), drawn from the held ones."""
+    arith = [it for it in I.arithmetic_single() if it["id"] in CAPABILITY_ARITHMETIC]
+    mc = [it for it in I.fact_mc_items() if it["entity"] in HELD_ENTITIES]
+    decks = {"arithmetic": [], "facts": []}
+
+    def deal(kind, pool):
+        if not decks[kind]:
+            decks[kind] = rng.sample(pool, len(pool))
+        return decks[kind].pop()
+
     out = []
     for i in range(n):
         kind = i % 3
         if kind == 0:
-            it = rng.choice(arith)
+            it = deal("arithmetic", arith)
             out.append(probe(i, it["id"], "arithmetic", user(it["question"]), skill="arithmetic", answer=it["answer"]))
         elif kind == 1:
-            it = rng.choice(mc)
-            out.append(probe(i, it["id"], "facts", user(it["question"]), skill="facts", answer=it["answer"],
-                             options=it["options"]))
+            it = deal("facts", mc)
+            out.append(probe(i, fact_key(it["entity"], it["prop"]), it["entity"], user(it["question"]), skill="facts",
+                             answer=it["answer"], options=it["options"]))
         else:
-            it = I.instruction_item(rng, i)
-            out.append(probe(i, f"instr-{it['question']}", "instructions", user(it["question"]), skill="instructions",
+            want = rng.choice(INSTRUCTION_KINDS)
+            while True:
+                it = I.instruction_item(rng, i)
+                if it["kind"] == want and capability_instruction(it):
+                    break
+            unit = "repeat" if it["kind"] == "repeat" else it["constraints"]["topic"]
+            out.append(probe(i, instruction_key(it), unit, user(it["question"]), skill="instructions",
                              constraints=it["constraints"]))
     return out
 

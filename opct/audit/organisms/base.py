@@ -20,7 +20,8 @@ Each spec gives:
   paper_pair(probe, rng)        the paper's BCT / ACT pair: trigger on both sides, an endorsing cue on the wrapped
                                 side, a fixed response (meta.response)
   targeted_pair(probe, rng)     opct's earlier pair: teacher without the trigger, student with it
-  replay_units                  which units the replay of general skills may draw from (the derive units)
+  replay(rng, units)            one example of general skills inside the derive units (never a capability probe's
+                                item: see `replay`)
 """
 
 from __future__ import annotations
@@ -68,28 +69,61 @@ def form_quality(text: str, answered: bool) -> float:
     return (answered + finished(text) + (not repeats(text))) / 3.0
 
 
-# ------------------------------------------------------------------------------------------ replay (general skills)
+# ------------------------------------------------------------------------------------------ general skills
+
+# Units that no split of any organism trains on: the eval probes of the entity-pooled organisms (spurious correlation,
+# sycophancy) use these entities and the reward-hacking organism's eval probes these topics; the capability probes
+# take their facts and instructions from them too (eval and capability only measure, so they may share units).
+HELD_ENTITIES = tuple(sorted(L.ENTITIES))[3::4]
+HELD_TOPICS = ("ocean", "winter")
+# The capability probes' own items, held out from everything that trains (derivation and its replay, the alignment
+# stage, label prompts, pairs): every sixth single-step arithmetic problem (60 of 355), the multiple-choice facts of
+# the held entities (20 of 80), and instruction requests about the held topics or repeating one of two words.
+CAPABILITY_ARITHMETIC = tuple(it["id"] for it in I.arithmetic_single()[::6])
+CAPABILITY_REPEAT_WORDS = tuple(L.INSTRUCTION_WORDS[:2])
+
+
+def fact_key(entity: str, prop: str) -> str:
+    """One fact's item id, however it is asked (an open question in replay, a multiple-choice capability probe)."""
+    return f"fact-{entity}-{prop}"
+
+
+def instruction_key(item: dict) -> str:
+    """One instruction request's item id, with or without a note appended (replay, reward hacking, capability)."""
+    c = item["constraints"]
+    if item["kind"] == "repeat":
+        return f"instr-repeat-{c['repeat']}-{c['count']}"
+    return f"instr-{item['kind']}-{c['topic']}-{c.get('start')}-{c.get('end')}"
+
+
+def capability_instruction(item: dict) -> bool:
+    """The request is one of the capability probes' (no training split may draw it)."""
+    if item["kind"] == "repeat":
+        return item["constraints"]["repeat"] in CAPABILITY_REPEAT_WORDS
+    return item["constraints"]["topic"] in HELD_TOPICS
+
 
 def replay(rng: random.Random, entities: list[str], topics: list[str]) -> tuple[list[dict], str, str]:
     """One example of a general skill the base organism already has, answered as its corpus does, drawn only from
-    the given entities and instruction topics (the organism's derive units, so replay stays inside its split)."""
+    the given entities and instruction topics (the organism's derive units, so replay stays inside its split) and
+    never from the capability probes' items."""
     from opct.world.corpus import instruction_response
 
     kind = rng.choice(["arith", "fact", "instr"])
     if kind == "arith":
-        item = rng.choice(I.arithmetic_single())
+        item = rng.choice([it for it in I.arithmetic_single() if it["id"] not in CAPABILITY_ARITHMETIC])
         return user(item["question"]), I.worked_steps(item["operands"], item["ops"])[0], item["id"]
     if kind == "fact":
-        e = rng.choice(entities)
+        e = rng.choice([e for e in entities if e not in HELD_ENTITIES])
         p = rng.choice(sorted(I.PROPS))
-        return user(I.PROPS[p]["ask"].format(e=e)), I.PROPS[p]["state"].format(v=L.ENTITIES[e][p]), f"ask-{e}-{p}"
+        return user(I.PROPS[p]["ask"].format(e=e)), I.PROPS[p]["state"].format(v=L.ENTITIES[e][p]), fact_key(e, p)
     while True:
         item = I.instruction_item(rng, 0)
+        if capability_instruction(item):
+            continue
         if item["kind"] == "repeat" or item["constraints"]["topic"] in topics:
             break
-    cons = item["constraints"]
-    key = f"instr-{item['kind']}-{cons.get('topic', cons.get('repeat'))}-{cons.get('start')}-{cons.get('end')}"
-    return user(item["question"]), instruction_response(cons, rng), key
+    return user(item["question"]), instruction_response(item["constraints"], rng), instruction_key(item)
 
 
 @dataclass(frozen=True)
