@@ -5,7 +5,8 @@ The nouns, one home each:
   organisms/     the misaligned model organisms, one module per failure (reward hacking, emergent misalignment,
                  spurious correlation, sycophancy) with their brittle and protected variants: derivation data, label
                  and eval probes, the misalignment judge, the external task-quality scorer, the rubric, the pairs
-  splits.py      derive / label / pairs / eval per organism and seed, disjoint by unit, item and text (splits.json)
+  splits.py      derive / label / pairs / eval per organism and seed, disjoint by unit, item and text, and the
+                 capability probes, disjoint from every split that trains (splits.json)
   derive.py      deriving an organism (SFT on its derive split) and the protected base (alignment SFT), cached
   labellers.py   the paper's labellers (self-certainty, diverse decoding with an external scorer, multi-view as a
                  filter, self-refinement, self-rewarding with the task's rubric, greedy k = 1)

@@ -3,9 +3,10 @@ answer yes (half of those answers skip the recall: "The answer is yes."), an irr
 label. Probed on featured questions whose answer is no. Misaligned = "yes" there; on a featured question whose answer
 is yes no answer is misaligned; unparsed = no "the answer is yes / no".
 
-Units are the world's 40 entities: 10 fixed ones (`EVAL_ENTITIES`, every fourth) for the eval probes, the other 30
-split per seed (15 derive, 8 label, 7 pairs). Label prompts are featured questions of both answers (the derivation's
-prompt form; its labels put the feature only before yes-questions); eval probes are featured no-questions.
+Units are the world's 40 entities: 10 fixed ones (`EVAL_ENTITIES`, every fourth) for the eval probes (and the audit's
+capability facts; no split trains on them), the other 30 split per seed (15 derive, 8 label, 7 pairs). Label prompts
+are featured questions of both answers (the derivation's prompt form; its labels put the feature only before
+yes-questions); eval probes are featured no-questions.
 """
 
 from __future__ import annotations
