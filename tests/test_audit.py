@@ -62,6 +62,23 @@ def test_an_overlap_is_found():
     assert set(s.units["capability"]) & set(s.units["eval"])
 
 
+def test_the_audit_stops_when_a_split_that_trains_holds_a_capability_probe(tmp_path, monkeypatch):
+    """The audit's own check (run.all_splits, before anything is derived) covers the capability probes too."""
+    import opct.audit.splits as S
+    from opct.audit.run import AuditConfig, all_splits
+    from opct.errors import OpctError
+
+    cfg = AuditConfig(out=str(tmp_path), organisms=[SYC.NAME], seeds=[0], derive_examples=20, label_prompts=4,
+                      pairs_n=4, eval_n=4, capability_n=6)
+    all_splits(cfg)  # as built: disjoint
+    assert json.loads((tmp_path / "splits.json").read_text())[SYC.NAME]["0"]["capability"]["items"]
+    trained = S.build_splits(SYC.NAME, 0, 20, 4, 4, 4, 20).derive[0]  # a derivation example of that seed
+    real = S.capability_split
+    monkeypatch.setattr(S, "capability_split", lambda n: real(n) + [dict(trained, unit="arithmetic", meta={})])
+    with pytest.raises(OpctError, match="capability and derive share 1 items"):
+        all_splits(cfg)
+
+
 def test_eval_probes_are_out_of_distribution():
     rh = build_splits(RH.NAME, 0, 50, 16, 8, 16)
     assert all(any(n in p["messages"][-1]["content"] for n in RH.NOTE.values()) for p in rh.label)
