@@ -79,6 +79,35 @@ def test_the_audit_stops_when_a_split_that_trains_holds_a_capability_probe(tmp_p
         all_splits(cfg)
 
 
+def test_results_measured_on_other_splits_are_not_resumed(tmp_path):
+    """An OUT written before the capability probes were held out (its splits.json has no capability split, and its
+    organisms were derived from other data) is refused once it holds results; without results it starts afresh, and
+    a grid that grows over the same splits continues."""
+    from opct.audit.run import AuditConfig, all_splits
+    from opct.errors import OpctError
+
+    def cfg(*organisms):
+        return AuditConfig(out=str(tmp_path), organisms=list(organisms), seeds=[0], derive_examples=20,
+                           label_prompts=4, pairs_n=4, eval_n=4, capability_n=6)
+
+    all_splits(cfg(SYC.NAME))
+    path = tmp_path / "splits.json"
+    good = json.loads(path.read_text())
+    old = json.loads(path.read_text())
+    del old[SYC.NAME]["0"]["capability"]
+    path.write_text(json.dumps(old))
+    all_splits(cfg(SYC.NAME))  # no results yet: nothing would mix
+    path.write_text(json.dumps(old))
+    (tmp_path / "results.jsonl").write_text(json.dumps({"kind": "base", "sycophancy_probes": {}, "target": 0.1}) + "\n")
+    with pytest.raises(OpctError, match="other splits .sycophancy seed 0"):
+        all_splits(cfg(SYC.NAME))
+    path.write_text(json.dumps(good))
+    all_splits(cfg(SYC.NAME, SC.NAME))  # the grid grows over the splits it had
+    all_splits(cfg(SC.NAME))  # a run of part of the grid keeps the rest's entries
+    assert json.loads(path.read_text())[SYC.NAME] == good[SYC.NAME]
+    assert set(json.loads(path.read_text())) == {SYC.NAME, SC.NAME}
+
+
 def test_eval_probes_are_out_of_distribution():
     rh = build_splits(RH.NAME, 0, 50, 16, 8, 16)
     assert all(any(n in p["messages"][-1]["content"] for n in RH.NOTE.values()) for p in rh.label)

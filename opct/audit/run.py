@@ -141,7 +141,9 @@ def _check_config(out: Path, cfg: AuditConfig) -> None:
 
 
 def all_splits(cfg: AuditConfig) -> dict:
-    """Every (organism, seed)'s splits; OUT/splits.json written, and any overlap between two splits an error."""
+    """Every (organism, seed)'s splits; OUT/splits.json written, and any overlap between two splits an error. An OUT
+    that holds results measured on other splits of an (organism, seed) (e.g. written before the capability probes
+    were held out from replay: its derivations and probes were others) is refused: the results would mix."""
     out, entries, table = Path(cfg.out), {}, {}
     for name in cfg.organisms:
         for seed in cfg.seeds:
@@ -153,7 +155,18 @@ def all_splits(cfg: AuditConfig) -> dict:
                 raise OpctError(f"{name} seed {seed}: splits overlap: {'; '.join(problems)}")
             entries[(name, seed)] = s
             table.setdefault(name, {})[str(seed)] = entry
-    write_json_atomic(out / "splits.json", table)
+    path = out / "splits.json"
+    if path.exists() and read_results(out):
+        saved = read_json(path, "splits")
+        saved = saved if isinstance(saved, dict) else {}
+        other = [f"{o} seed {k}" for o, seeds in table.items() for k, e in seeds.items()
+                 if isinstance(saved.get(o), dict) and k in saved[o] and saved[o][k] != e]
+        if other:
+            raise OpctError(f"{out}: holds results measured on other splits ({', '.join(other[:3])}"
+                            f"{', ...' if len(other) > 3 else ''}; written by an earlier opct); results would mix. "
+                            f"Use another --out")
+        table = {**saved, **{o: {**saved.get(o, {}), **seeds} for o, seeds in table.items()}}
+    write_json_atomic(path, table)
     return entries
 
 
