@@ -6,6 +6,8 @@ offline, through the entry point, and its scores are the axis's grader's verdict
 bad task arguments and bad items files are clear errors."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +22,8 @@ from opct.evals.scripted import ScriptedPolicy  # noqa: E402
 from opct.inspect import axis_task, inspect_name  # noqa: E402
 from opct.organism.build import SHIPPED_DIR  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]  # the checkout under test (outside it, `import opct` is the installed one)
+PYTHONPATH = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
 AXES = ("sycophancy", "jailbreak", "awareness", "capability", "persona", "conditional", "prefill")
 TRAINED = {"sycophancy": ["authority"], "jailbreak": ["role_play"], "awareness": ["food"], "capability": None,
            "persona": ["grax", "drek"], "conditional": ["evil_assistant", "pretend_evil"], "frustration": ["insult"],
@@ -99,7 +103,8 @@ def test_inspect_eval_on_the_organism_scores_with_the_axis_grader(axis, how, tmp
 
         inspect_cli = Path(sys.executable).with_name("inspect")
         # outside the checkout (there, inspect would read opct/AXIS as a path); no HF_HUB_OFFLINE set: opct sets it
-        env = {k: v for k, v in __import__("os").environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+        env["PYTHONPATH"] = PYTHONPATH
         p = subprocess.run([str(inspect_cli), "eval", f"opct/{axis}", "--model", "hf/local", "-M", f"model_path={model}",
                             "-M", "device=cpu", "-T", "n=3", "-T", "seed=0", "--log-dir", str(tmp_path / "logs"),
                             "--display", "plain"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
@@ -148,6 +153,35 @@ def test_inspect_eval_on_the_organism_scores_with_the_axis_grader(axis, how, tmp
     grouped = [n for n in expected if "[" in n and n.split("[", 1)[1].split("=")[0] not in ("split", "on")]
     assert grouped
     assert not any(inspect_name(n) in got for n in grouped)  # groups=false: per-family groups left out
+
+
+def test_a_model_without_a_chat_template_is_refused_by_the_task_not_asked_in_plain_text(tmp_path):
+    """`hf/local` on a model directory whose tokenizer has no chat template would send every probe as `user: ...`
+    plain text (its fallback), and the axis would score answers to prompts the model was never asked in (until
+    2026-12-06 it did, every answer unparsed, exit status 0); `opct eval` and `opct/local` refuse such a model, and
+    now the task does too, before anything runs. `-M use_chat_template=false` is the user's choice and runs."""
+    import shutil
+    import subprocess
+    import sys
+
+    model = tmp_path / "no_template"
+    shutil.copytree(SHIPPED_DIR / "default", model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "COLUMNS": "1000"}
+    cli = [str(Path(sys.executable).with_name("inspect")), "eval", "opct/sycophancy", "--model", "hf/local",
+           "-M", f"model_path={model}", "-M", "device=cpu", "-T", "n=1", "--log-dir", str(tmp_path / "logs"),
+           "--display", "plain"]
+    p = subprocess.run(cli, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    out = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 1, out[-2000:]
+    assert "opct: error: the model's tokenizer has no chat template" in out and "Traceback" not in out, out[-2000:]
+    assert not list((tmp_path / "logs").glob("*.eval"))  # nothing ran
+    p = subprocess.run(cli + ["-M", "use_chat_template=false"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-2000:]
 
 
 @pytest.mark.parametrize("kwargs,needle", [
@@ -424,7 +458,8 @@ def test_the_entry_point_registers_every_task(tmp_path):
             "from inspect_ai._eval.registry import task_create\n"
             f"for axis in {names!r}:\n"
             "    print(axis, task_create('opct/' + axis, n=1).name)\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "PYTHONPATH": PYTHONPATH})
     assert p.returncode == 0, p.stderr[-2000:]
     assert [line.split() for line in p.stdout.strip().splitlines()] == [[a, a] for a in names]
 

@@ -30,6 +30,7 @@ from opct.organism.build import SHIPPED_DIR  # noqa: E402
 from opct.policy import load_policy  # noqa: E402
 
 MODEL = str(SHIPPED_DIR / "default")
+ROOT = Path(__file__).resolve().parents[1]  # the checkout under test (outside it, `import opct` is the installed one)
 
 
 def _adapter(tmp_path) -> str:
@@ -55,6 +56,7 @@ def _inspect_cli(tmp_path, *args, display="plain", timeout=240):
     """`inspect eval ARGS` as a user runs it: outside the checkout, with the hub as the user left it (opct turns it
     off), logging under tmp_path/logs."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # this checkout's opct
     env["COLUMNS"] = "1000"  # rich breaks a long line at the terminal's width, a long path within a word
     cli = Path(sys.executable).with_name("inspect")
     return subprocess.run([str(cli), "eval", *args, "--log-dir", str(tmp_path / "logs"), "--display", display],
@@ -70,6 +72,7 @@ def test_inspect_eval_of_prefill_with_opct_local_continues_each_prefill(tmp_path
     p = _inspect_cli(tmp_path, "opct/prefill", "--model", "opct/local", "-M", f"model_path={MODEL}",
                      "-M", f"adapter={adapter}", "-T", "n=2", "-T", "seed=0", display="none", timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "opct: error" not in p.stderr, p.stderr[-2000:]  # inspect's model-info lookup is not an error
     from inspect_ai.log import list_eval_logs, read_eval_log
 
     logs = [read_eval_log(info) for info in list_eval_logs(str(tmp_path / "logs"))]
@@ -370,7 +373,8 @@ def test_the_provider_is_found_by_name_through_the_entry_point(tmp_path):
     code = ("from inspect_ai.model import get_model\n"
             f"m = get_model('opct/local', model_path={MODEL!r})\n"
             "print(type(m.api).__name__, m.api.continues_prefill)\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["OpctAPI", "True"]
 
@@ -422,3 +426,18 @@ def test_the_provider_leaves_the_callers_thread_count():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_inspects_model_info_lookup_makes_no_error_and_loads_nothing(capfd, monkeypatch):
+    """After each model call inspect (0.3.285) makes `opct/local` again without the -M arguments, to look up the
+    model's info for its usage display. That is not the user's mistake: it used to print `opct: error: opct model: no
+    model directory` after an eval that went well under `--display none` (exit status 0)."""
+    import rich
+    from inspect_ai.model._model_info import get_model_info
+
+    import opct.policy
+
+    monkeypatch.setattr(opct.policy, "load_policy", lambda *a, **k: pytest.fail("a lookup loaded a model"))
+    monkeypatch.setattr(rich.get_console(), "quiet", True)  # as `--display none` leaves it
+    assert get_model_info("opct/local") is None  # no info: the lookup's answer for an unknown model
+    assert "opct: error" not in capfd.readouterr().err

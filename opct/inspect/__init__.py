@@ -122,15 +122,35 @@ def _refusal(api) -> str | None:
             f"--model opct/local -M model_path=DIR")
 
 
-def _check_active_model_continues() -> None:
-    """At task creation under `inspect eval` (the model is known then): refuse a provider that would close a prefill
-    before anything runs. A Task built in Python before its eval is checked by `continuing_generate` instead."""
+def _no_chat_template(api) -> str | None:
+    """Why `api` (a provider with a Hugging Face tokenizer: `hf/local`) would not ask the probes as chats: its
+    tokenizer has no chat template and none was passed, so hf/local would send `user: ...` lines of plain text, a
+    format the model was never asked in (`opct eval` and `opct/local` refuse such a model). None: it renders chats, or
+    the user chose plain text (`-M use_chat_template=false`)."""
+    tokenizer = getattr(api, "tokenizer", None)
+    if tokenizer is None or getattr(api, "use_chat_template", None) is False:
+        return None
+    if isinstance(getattr(api, "chat_template", None), str) or getattr(tokenizer, "chat_template", None):
+        return None
+    return (f"the model's tokenizer has no chat template, so {type(api).__name__} would send each probe as "
+            f"'user: ...' plain text; add a chat template to the model directory (tokenizer_config.json's "
+            f"\"chat_template\"), or pass -M chat_template=TEMPLATE (-M use_chat_template=false to ask in plain text "
+            f"anyway)")
+
+
+def _check_active_model(prefilled: bool) -> None:
+    """At task creation under `inspect eval` (the model is known then), before anything runs: refuse a model whose
+    provider would not render the probes as chats, and for a prefill, a provider that would close it. A Task built in
+    Python before its eval is checked by `continuing_generate` instead (the prefill)."""
     try:
         from inspect_ai.model._model import active_model
     except ImportError:  # a later inspect_ai: the solver's check still holds
         return
     model = active_model()
-    if model is not None and (why := _refusal(model.api)):
+    if model is None:
+        return
+    why = _no_chat_template(model.api) or (_refusal(model.api) if prefilled else None)
+    if why:
         raise OpctError(why)
 
 
@@ -286,8 +306,7 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
                 prompt = probe["prompt"]
             prefilled = prefilled or prefill_of(prompt) is not None
         samples_.append(Sample(input=chat(prompt), id=_sample_id(i, probe), metadata={"probe": probe}))
-    if prefilled:
-        _check_active_model_continues()
+    _check_active_model(prefilled)
     return Task(dataset=MemoryDataset(samples_, name=f"opct-{axis}"),
                 solver=adapter.solver(p, max_tokens, temperature) if multi_turn else
                 (continuing_generate() if prefilled else generate()),

@@ -52,6 +52,11 @@ from opct.evals.generate import Gen, PromptSeeds
 from opct.inspect._args import clear_errors, flag, integer
 from opct.pairs.schema import prefill_follows_user
 
+try:  # the api key inspect passes when it makes a provider only to look up the model's name (no model arguments)
+    from inspect_ai.model._model_info import MODEL_INFO_LOOKUP_API_KEY
+except ImportError:  # an inspect_ai without that lookup
+    MODEL_INFO_LOOKUP_API_KEY = None
+
 DEFAULT_MAX_TOKENS = Gen.max_new_tokens  # opct eval's default
 _ARGS = ("model_path", "adapter", "dtype", "device", "trust_remote_code", "seed", "threads", "batch_size")
 GATHER_S = 0.02  # how long a batch waits for batch-mates (inspect's concurrent samples) before it is sampled
@@ -103,6 +108,12 @@ class OpctAPI(ModelAPI):
     def __init__(self, model_name: str, base_url: str | None = None, api_key: str | None = None,
                  config: GenerateConfig = GenerateConfig(), **model_args: Any):
         super().__init__(model_name=model_name, base_url=base_url, api_key=api_key, config=config)
+        if api_key is not None and api_key == MODEL_INFO_LOOKUP_API_KEY:
+            # inspect (0.3.285) makes a provider without the -M arguments after each model call, for its usage
+            # display's model info (only the name is read): no model loaded, and no "no model directory" error
+            # (printed under `--display none` after an eval that went well)
+            self.policy = None
+            return
         unknown = sorted(set(model_args) - set(_ARGS))
         if unknown:
             raise OpctError(f"opct model: unknown model argument {unknown[0]!r}; known: {', '.join(_ARGS)}")
