@@ -76,3 +76,66 @@ def test_trackers_under_a_launch_accelerate_cannot_set_up_here_are_one_line(tmp_
     assert p.returncode != 0
     assert "opct: error: --log-with: accelerate could not set up its trackers here" in p.stderr, p.stderr[-2000:]
     assert f'File "{Path(__file__).resolve().parents[1] / "opct"}' not in p.stderr  # no traceback through opct
+
+
+def _steps(folder, tag):
+    """The steps of `tag` as TensorBoard shows them: every events file of a run's directory read together, in order
+    (a resumed run's `purge_step` drops the earlier events it logs again)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = []
+    for run in sorted({f.parent for f in folder.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(run))
+        acc.Reload()
+        if tag in acc.Tags()["scalars"]:
+            steps += [(e.step, e.value) for e in acc.Scalars(tag)]
+    return steps
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed")
+def test_a_resumed_run_continues_the_trackers_steps_without_logging_one_twice(tmp_path, model_dir, pairs_file,
+                                                                          test_organism, monkeypatch):
+    """Interrupted at step 4 with its checkpoint at step 2, a run has logged steps 1-3; resumed, it logs 3-5 again.
+    TensorBoard shows each step once, with the resumed run's values (before 2026-12-06: step 3 twice). An evaluation
+    resumed after it finished logs its step 0 once, too."""
+    import opct.methods as M
+
+    real, calls = M.METHODS["opct"], []
+
+    def interrupted_at_step_4(run, micro):
+        calls.append(run.step)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(run, micro)
+
+    run = tmp_path / "run"
+    monkeypatch.setitem(M.METHODS, "opct", interrupted_at_step_4)
+    assert _train(model_dir, pairs_file, run, "--max-steps", "5", "--save-every", "2", "--log-with", "tensorboard") != 0
+    assert [s for s, _ in _steps(run / "trackers", "train/loss")] == [1, 2, 3]
+    monkeypatch.setitem(M.METHODS, "opct", real)
+    assert _train(model_dir, pairs_file, run, "--max-steps", "5", "--save-every", "2", "--log-with", "tensorboard",
+                  "--resume") == 0
+    logged = _steps(run / "trackers", "train/loss")
+    assert [s for s, _ in logged] == [1, 2, 3, 4, 5]
+    assert [v for _, v in logged] == pytest.approx([r["loss"] for r in tiny_lm.read_metrics(run)])
+    out = tmp_path / "eval"
+    args = ["eval", "--model", str(test_organism), "--suite", "capability", "--n", "2", "--out", str(out),
+            "--no-progress", "--max-new-tokens", "4", "--log-with", "tensorboard"]
+    assert main(args) == 0 and main(args + ["--resume"]) == 0
+    assert [s for s, _ in _steps(out / "trackers", "eval/capability.accuracy")] == [0]
+
+
+def test_a_tracker_that_is_installed_but_does_not_import_is_left_out_with_one_line(tmp_path, model_dir, pairs_file,
+                                                                                  capsys, monkeypatch):
+    """A tracker package that is there but fails to import (a broken install, another protobuf) is left out as a
+    missing one is, with its reason; before 2026-12-06 the run stopped at its first step with a traceback from inside
+    accelerate."""
+    import sys
+
+    pytest.importorskip("tensorboard")
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # `import torch.utils.tensorboard` fails
+    assert _train(model_dir, pairs_file, tmp_path / "run", "--log-with", "tensorboard") == 0
+    err = capsys.readouterr().err
+    assert err.count("opct: note: --log-with tensorboard: the tensorboard package is installed but cannot be "
+                     "imported (ModuleNotFoundError: ") == 1, err[-2000:]
+    assert (tmp_path / "run" / "final").exists() and not list((tmp_path / "run").rglob("events.out.tfevents.*"))

@@ -373,7 +373,8 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     if cfg.log_with:
         from opct.trackers import Trackers, metric_values
 
-        tracked = Trackers(cfg.log_with, out / "trackers", f"eval-{out.name}", asdict(cfg))
+        # step 0 replaces what an earlier run of this evaluation (resumed, or run again) logged there
+        tracked = Trackers(cfg.log_with, out / "trackers", f"eval-{out.name}", asdict(cfg), first_step=0)
         tracked.log(metric_values(metrics), step=0)
         tracked.close()
     return metrics

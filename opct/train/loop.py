@@ -311,9 +311,11 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
             PREPARE[config.method](run)
         replay_rows = replay.prepare(run, replay_plan) if replay_plan else []
     if trackers:
-        from opct.trackers import scalars
+        from opct.trackers import resume_kwargs, scalars
 
-        acc.init_trackers(f"{out.name}-{config.method}", config=scalars(asdict(config)))
+        # resumed: the steps after the checkpoint are logged again (the interrupted run may have logged some)
+        acc.init_trackers(f"{out.name}-{config.method}", config=scalars(asdict(config)),
+                          init_kwargs=resume_kwargs(trackers, start + 1 if start else None))
     bar = tqdm(total=total_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,
                disable=not (acc.is_main_process and config.progress))
     for step in range(start + 1, total_steps + 1):
