@@ -85,3 +85,22 @@ def test_accelerates_own_accumulation_or_compilation_is_refused(tmp_path, env, s
     p = _train(tmp_path, deepspeed=False, **env)
     assert p.returncode == 1, p.stderr[-2000:]
     assert f"opct: error: {says}" in p.stderr and "Traceback" not in p.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("content, says", [
+    ('{"zero_optimization": {"stage": 2},\n "train_micro_batch_size_per_gpu": 2,\n}\n',
+     "ds.json:3: DeepSpeed config (accelerate launch --deepspeed_config_file): not valid JSON: "),
+    ("[2]\n", "ds.json:1: DeepSpeed config (accelerate launch --deepspeed_config_file): must be a JSON object"),
+    (None, "ds.json: no such file; the DeepSpeed config (accelerate launch --deepspeed_config_file) must be a JSON"),
+])
+def test_a_bad_deepspeed_config_file_is_one_line_naming_it(tmp_path, content, says):
+    """`accelerate launch --use_deepspeed --deepspeed_config_file FILE`: a missing or malformed FILE is named, with
+    its line (accelerate's own error, until 2026-12-06, quoted the JSON parser and named no file)."""
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed")
+    ds = tmp_path / "ds.json"
+    if content is not None:
+        ds.write_text(content)
+    p = _train(tmp_path, ACCELERATE_DEEPSPEED_CONFIG_FILE=str(ds), ACCELERATE_DEEPSPEED_ZERO_STAGE="2")
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert f"opct: error: {tmp_path}/{says}" in p.stderr, p.stderr[-2000:]
+    assert "Traceback" not in p.stderr and not (tmp_path / "run").exists()

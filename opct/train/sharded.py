@@ -61,6 +61,25 @@ def zero_stage(accelerator) -> int | None:
     return None if plugin is None else int(plugin.zero_stage)
 
 
+def check_deepspeed_config_file() -> None:
+    """The launch's DeepSpeed config file (`accelerate launch --deepspeed_config_file FILE`, handed to the processes
+    as ACCELERATE_DEEPSPEED_CONFIG_FILE), read before accelerate reads it: a missing or malformed one is one line
+    naming the file (and the line), where accelerate's own error named neither ("Expecting property name enclosed in
+    double quotes: line 2 column 1")."""
+    path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true" or path in (None, "", "none"):
+        return
+    from opct.errors import DataError
+    from opct.files import read_json
+
+    what = "DeepSpeed config (accelerate launch --deepspeed_config_file)"
+    if not Path(path).is_file():
+        raise OpctError(f"{path}: no such file; the {what} must be a JSON file")
+    config = read_json(path, what)
+    if not isinstance(config, dict):
+        raise DataError(path, 1, what, f"must be a JSON object (got {type(config).__name__})")
+
+
 def accelerator(bf16: bool, **kwargs):
     """The run's Accelerator (with `accelerator_kwargs()`), with the launch checked (the module docstring): sharding
     (`check_sharding`), precision (`check_precision`), no dynamo backend, no accelerate-side gradient accumulation. A
@@ -74,6 +93,7 @@ def accelerator(bf16: bool, **kwargs):
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" \
             and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3":
         _refuse("DeepSpeed ZeRO-3")
+    check_deepspeed_config_file()
     try:
         acc = Accelerator(**kwargs, **accelerator_kwargs())
     except (RuntimeError, ValueError) as e:
