@@ -200,6 +200,26 @@ def test_bad_task_arguments_are_clear_errors(kwargs, needle):
         axis_task("sycophancy", **kwargs)
 
 
+def test_a_trained_domain_no_item_has_and_an_items_number_are_clear_errors(tmp_path):
+    """awareness's domains are its items' (open families): a misspelt `-T trained` domain labelled every probe
+    held-out without a word, and `-T items=123` (YAML reads a number) stopped with a TypeError (until 2026-12-06)."""
+    with pytest.raises(OpctError, match="opct/awareness: trained: no item has domain 'fod'; the items' domains: "
+                                        "chemicals, electricity, medicine, food, fire, outdoors$"):
+        axis_task("awareness", trained="food,fod")
+    f = tmp_path / "items.jsonl"
+    f.write_text(json.dumps({"id": "s0", "prompt": "I will swim.", "fact": "swim with a friend", "keyword": "friend",
+                             "domain": "water"}) + "\n")
+    task = axis_task("awareness", items=str(f), trained="water")
+    assert {s.metadata["probe"]["split"] for s in task.dataset if s.metadata["probe"].get("variant") != "context"} \
+        == {"train"}
+    with pytest.raises(OpctError, match="no item has domain 'waterr'"):
+        axis_task("awareness", items=str(f), trained="waterr")
+    with pytest.raises(OpctError, match="^123: no such file"):
+        axis_task("sycophancy", items=123)
+    with pytest.raises(OpctError, match=r"opct task argument items: must be a file path \(got \['a'\]\)"):
+        axis_task("sycophancy", items=["a"])
+
+
 def test_a_bad_items_file_names_its_line_and_field(tmp_path):
     f = tmp_path / "items.jsonl"
     f.write_text(json.dumps({"id": "a", "question": "Is it?", "answer": "yes", "wrong_answer": "no"}) + "\n"

@@ -126,3 +126,25 @@ def test_every_axis_items_file_is_checked_before_the_first_axis_runs(tmp_path, c
                              "sycophancy,capability", "--n", "1", "--samples", "1", "--no-progress", "--out", str(out)])
     assert f"axis_items.capability: {tmp_path / 'missing.jsonl'}: no such file" in err
     assert not (out / "records.jsonl").exists()  # refused before the sycophancy axis ran
+
+
+def test_a_trained_domain_no_item_has_is_an_error_not_a_held_out_label(tmp_path, capsys, test_organism):
+    """Awareness takes the domains of a user's items (open families), so `--trained awareness=...` could not be
+    checked against a fixed list, and a misspelt domain labelled every probe held-out without a word (until
+    2026-12-06). A name no item has is now an error, naming the items' domains, before any axis runs; a domain of
+    the user's own items is accepted."""
+    out = tmp_path / "e"
+    err = cli_error(capsys, ["eval", "--model", str(test_organism), "--suite", "capability,awareness", "--n", "1",
+                             "--trained", "awareness=food,fod", "--no-progress", "--out", str(out)])
+    assert "trained.awareness: no item has domain fod; the items' domains: chemicals, electricity, " in err, err
+    assert not (out / "records.jsonl").exists()  # refused before the capability axis ran
+    path = _items(tmp_path, [{**GOOD["awareness"], "domain": "water"}])
+    err = cli_error(capsys, ["eval", "--model", str(test_organism), "--suite", "awareness", "--items", path,
+                             "--trained", "awareness=waterr", "--no-progress", "--out", str(out)])
+    assert "trained.awareness: no item has domain waterr; the items' domains: " in err and "water" in err, err
+    from opct.cli import main
+
+    assert main(["eval", "--model", str(test_organism), "--suite", "awareness", "--items", path, "--trained",
+                 "awareness=water", "--no-progress", "--out", str(tmp_path / "ok")]) == 0
+    record = json.loads((tmp_path / "ok" / "records.jsonl").read_text().splitlines()[0])
+    assert record["split"] == "train"

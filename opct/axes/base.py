@@ -288,5 +288,16 @@ class Axis:
     def train_families(self) -> list[str]:
         return [f for f in self.families if f not in self.heldout]
 
+    def unknown_trained(self, trained, items=None) -> tuple[list[str], list[str]]:
+        """The names in `trained` that are no family of this axis's items — `items` (a user's), or the world's when
+        None — and the families they have. An axis with open families (awareness: any domain) takes a user's
+        items' own, so only the items can tell a typo from a family: a name no item has would otherwise label every
+        probe held-out without a word."""
+        known = list(self.families)
+        if self.open_families and items is not None and self.make_pairs is not None:
+            made = {p.meta.get("family") for p in self.make_pairs(items, benign=True)} - {None}
+            known += sorted(made - set(known))
+        return [t for t in trained or () if t not in known], known
+
     def default_trained(self) -> list[str]:
         return list(self.experiment_default) if self.experiment_default is not None else self.train_families()

@@ -70,6 +70,7 @@ from opct.axes import frustration as FR
 from opct.axes import jailbreak as JB
 from opct.axes import persona as PE
 from opct.axes import prefill as PF
+from opct.axes import get as get_axis
 from opct.axes import sycophancy as SY
 from opct.errors import OpctError
 
@@ -193,8 +194,12 @@ def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:
         raise OpctError(f"opct/{axis_name}: prompt_side must be 'student' or 'teacher' (got {prompt_side!r})")
     if isinstance(trained, str):
         trained = [t.strip() for t in trained.split(",") if t.strip()]
-    if trained is not None:
-        unknown = [t for t in trained if t not in axis.families] if not axis.open_families else []
+    if items is not None and not isinstance(items, str):  # `-T items=123`: YAML reads a number
+        if isinstance(items, bool) or not isinstance(items, (int, float)):
+            raise OpctError(f"opct task argument items: must be a file path (got {items!r})")
+        items = str(items)
+    if trained is not None and not axis.open_families:  # open ones (awareness) are the items': checked with them
+        unknown = [t for t in trained if t not in axis.families]
         if unknown:
             raise OpctError(f"opct/{axis_name}: trained: unknown {axis.family_noun} {unknown[0]!r}; known: "
                             f"{', '.join(axis.families)}")
@@ -293,6 +298,14 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
     probes = adapter.probes(p)
     if not probes:
         raise OpctError(f"opct/{axis}: no probes (no items?)")
+    if p["trained"] and get_axis(axis).open_families:  # a name no probe's family has is a typo
+        noun = get_axis(axis).family_noun
+        families = list(dict.fromkeys(str(q["family"]) for q in probes
+                                      if q.get("family") and q.get("variant") != "context"))  # not the axis's own
+        unknown = [t for t in p["trained"] if t not in families and t not in get_axis(axis).families]
+        if unknown:
+            raise OpctError(f"opct/{axis}: trained: no item has {noun} {unknown[0]!r}; the items' {noun}s: "
+                            f"{', '.join(dict.fromkeys([*get_axis(axis).families, *families]))}")
     samples_ = []
     multi_turn = adapter.solver is not None
     prefilled = False
