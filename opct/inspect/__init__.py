@@ -133,10 +133,11 @@ def _no_chat_template(api) -> str | None:
         return None
     if isinstance(getattr(api, "chat_template", None), str) or getattr(tokenizer, "chat_template", None):
         return None
-    return (f"the model's tokenizer has no chat template, so {type(api).__name__} would send each probe as "
-            f"'user: ...' plain text; add a chat template to the model directory (tokenizer_config.json's "
-            f"\"chat_template\"), or pass -M chat_template=TEMPLATE (-M use_chat_template=false to ask in plain text "
-            f"anyway)")
+    where = getattr(tokenizer, "name_or_path", None)
+    return (f"{where + ': ' if where else ''}the model's tokenizer has no chat template, so {type(api).__name__} would "
+            f"send each probe as 'user: ...' plain text; add a chat template to the model directory "
+            f"(tokenizer_config.json's \"chat_template\"), or pass -M chat_template=TEMPLATE "
+            f"(-M use_chat_template=false to ask in plain text anyway)")
 
 
 def _check_active_model(prefilled: bool) -> None:

@@ -185,7 +185,8 @@ def _read(path: Path, accelerator) -> dict:
 
     now = sharded.manifest(accelerator) if sharded.is_deepspeed(accelerator) else None
     if state.get("sharding") != now:  # not damage either: the launch differs
-        said = lambda m: "without sharding" if m is None else f"under DeepSpeed ZeRO-{m.get('zero_stage')}"  # noqa: E731
+        said = lambda m: ("without sharding" if m is None  # noqa: E731
+                          else f"under DeepSpeed ZeRO-{m.get('zero_stage')}")
         raise OpctError(f"{path}: written {said(state.get('sharding'))}, resumed {said(now)}; resume with the same "
                         f"launch (its optimizer state is laid out for it)")
     manifest = state.pop("files", {})  # checkpoints from before the manifest have none
