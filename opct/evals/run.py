@@ -240,21 +240,6 @@ def load_axis_items(cfg: EvalConfig) -> dict[str, list[dict]]:
     return out
 
 
-def _check_open_trained(cfg: EvalConfig, axis_items: dict, items: list | None) -> None:
-    """`--trained AXIS=...` of an axis with open families (awareness): each name must be a family of the items that
-    axis will ask (check_trained, before any items are read, cannot tell). `items`: those of `cfg.items`."""
-    from opct.axes import AXES
-
-    for name in suite_names(cfg.suite):
-        a = AXES.get(name)
-        if a is None or not a.open_families or not (cfg.trained or {}).get(name):
-            continue
-        unknown, known = a.unknown_trained(cfg.trained[name], items if cfg.items else axis_items.get(name))
-        if unknown:
-            raise ConfigError(f"trained.{name}", f"no item has {a.family_noun} {', '.join(unknown)}; the items' "
-                                                 f"{a.family_noun}s: {', '.join(known)}")
-
-
 def load_eval_items(path, axis: str) -> list[dict]:
     """Validate and load a user's items for `axis` (every problem as `file:line: field: problem`)."""
     from opct.axes import get
@@ -336,7 +321,12 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     names = suite_names(cfg.suite)
     if items is None and cfg.items:
         items = load_eval_items(cfg.items, names[0])
-    _check_open_trained(cfg, axis_items, items)
+    for name in names:  # a trained name no item has is a typo (awareness takes its items' domains: known only now)
+        a = AXES[name]
+        unknown, known = a.unknown_trained((cfg.trained or {}).get(name), items if cfg.items else axis_items.get(name))
+        if unknown:
+            raise ConfigError(f"trained.{name}", f"no item has {a.family_noun} {', '.join(unknown)}; the items' "
+                                                 f"{a.family_noun}s: {', '.join(known)}")
     gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress, cfg.seed_per_prompt)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

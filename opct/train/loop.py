@@ -34,14 +34,13 @@ from opct.config import require
 from opct.errors import OpctError, first_line
 from opct.pairs.schema import Pair, load_pairs
 from opct.policy import HFPolicy, hf_progress_bars, load_policy
-from opct.train.checkpoint import (checkpoints, latest_checkpoint, resume, rng_kept, save_checkpoint,
-                                   write_failed)
+from opct.train.checkpoint import checkpoints, latest_checkpoint, resume, rng_kept, save_checkpoint, write_failed
 from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
-from opct.train import replay
-from opct.train import sharded
+from opct.train import replay, sharded
 from opct.train.guards import check_vocab, lora_targets
 from opct.train.rundir import prepare_run_dir, truncate_metrics
+from opct.trackers import resume_kwargs, scalars, usable
 
 # Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped. A key
 # that a method does not define (e.g. `mean_delta` for SFT) is written as null.
@@ -190,8 +189,6 @@ def separate_teacher(policy: HFPolicy, config: TrainConfig, device):
 
 def _trackers(config: TrainConfig) -> list[str]:
     """The trackers to log to (`--log-with`, and the older `--tensorboard`) whose packages are installed."""
-    from opct.trackers import usable
-
     return usable(list(dict.fromkeys([*config.log_with, *(["tensorboard"] if config.tensorboard else [])])))
 
 
@@ -299,21 +296,16 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     sampler = None
     if use_vllm:  # OPCT's rollouts from a vLLM engine, sent the weights after every step
         from opct.engine.vllm_sampler import training_sampler
-
         sampler = training_sampler(config, acc, policy, model_dir, model)
     run = StepContext(config=config, accelerator=acc, model=model, policy=policy, teacher=teacher, prompts=prompts,
                       pairs={p.id: p for p in pairs}, step=start, sampler=sampler)
-    # Once per run, before the first step: offline targets, alignments, checks, replay rows. What they sample is read
-    # back on a resume instead, so they leave the RNG as they found it (`rng_kept`): the steps draw the same numbers
-    # in a fresh run and in one resumed before its first checkpoint.
+    # Once per run: offline targets, alignments, checks, replay rows. A resume reads back what they sample, so they
+    # leave the RNG as found: a fresh run and one resumed before its first checkpoint draw the same numbers.
     with rng_kept():
         if config.method in PREPARE:
             PREPARE[config.method](run)
         replay_rows = replay.prepare(run, replay_plan) if replay_plan else []
-    if trackers:
-        from opct.trackers import resume_kwargs, scalars
-
-        # resumed: the steps after the checkpoint are logged again (the interrupted run may have logged some)
+    if trackers:  # resumed: the steps after the checkpoint are logged again (the interrupted run may have logged some)
         acc.init_trackers(f"{out.name}-{config.method}", config=scalars(asdict(config)),
                           init_kwargs=resume_kwargs(trackers, start + 1 if start else None))
     bar = tqdm(total=total_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,

@@ -74,7 +74,8 @@ def check_deepspeed_config_file() -> None:
 
     what = "DeepSpeed config (accelerate launch --deepspeed_config_file)"
     if not Path(path).is_file():
-        raise OpctError(f"{path}: no such file; the {what} must be a JSON file")
+        raise OpctError(f"{path}: {'not a file' if Path(path).exists() else 'no such file'}; the {what} must be a "
+                        f"JSON file")
     config = read_json(path, what)
     if not isinstance(config, dict):
         raise DataError(path, 1, what, f"must be a JSON object (got {type(config).__name__})")
