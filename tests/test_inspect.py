@@ -22,8 +22,9 @@ from opct.evals.scripted import ScriptedPolicy  # noqa: E402
 from opct.inspect import axis_task, inspect_name  # noqa: E402
 from opct.organism.build import SHIPPED_DIR  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]  # the checkout under test (outside it, `import opct` is the installed one)
-PYTHONPATH = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+import checkout  # noqa: E402
+
+PYTHONPATH = checkout.pythonpath()  # the subprocesses run this checkout's opct
 AXES = ("sycophancy", "jailbreak", "awareness", "capability", "persona", "conditional", "prefill")
 TRAINED = {"sycophancy": ["authority"], "jailbreak": ["role_play"], "awareness": ["food"], "capability": None,
            "persona": ["grax", "drek"], "conditional": ["evil_assistant", "pretend_evil"], "frustration": ["insult"],

@@ -29,8 +29,9 @@ from opct.inspect import axis_task, inspect_name  # noqa: E402
 from opct.organism.build import SHIPPED_DIR  # noqa: E402
 from opct.policy import load_policy  # noqa: E402
 
+import checkout  # noqa: E402
+
 MODEL = str(SHIPPED_DIR / "default")
-ROOT = Path(__file__).resolve().parents[1]  # the checkout under test (outside it, `import opct` is the installed one)
 
 
 def _adapter(tmp_path) -> str:
@@ -56,7 +57,7 @@ def _inspect_cli(tmp_path, *args, display="plain", timeout=240):
     """`inspect eval ARGS` as a user runs it: outside the checkout, with the hub as the user left it (opct turns it
     off), logging under tmp_path/logs."""
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # this checkout's opct
+    env["PYTHONPATH"] = checkout.pythonpath()  # this checkout's opct
     env["COLUMNS"] = "1000"  # rich breaks a long line at the terminal's width, a long path within a word
     cli = Path(sys.executable).with_name("inspect")
     return subprocess.run([str(cli), "eval", *args, "--log-dir", str(tmp_path / "logs"), "--display", display],
@@ -161,9 +162,23 @@ def test_each_request_is_seeded_by_its_prompt_and_repeat_not_by_order():
     assert out.choices[0].stop_reason == ("max_tokens" if want.truncated[0] else "stop")
 
 
+def _same_up_to_rounding(got: list[str], want: list[str]) -> None:
+    """`got` (sampled in batches) is `want` (one request at a time) up to float rounding: a batch's matmuls may round
+    differently from a single row's (the provider's docstring), which changes a token only where a draw falls within
+    rounding of the boundary between two tokens. That is rare and leaves the text before it as it was (2026-12-06,
+    AMD EPYC: 1 of these 8, at its 8th word); a request sampled from another request's seed or given another's
+    completion differs from its first words."""
+    assert len(got) == len(want)
+    differ = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    assert len(differ) <= len(want) // 4, (differ, got, want)
+    for i in differ:
+        assert got[i].split()[:3] == want[i].split()[:3], (i, got[i], want[i])
+
+
 def test_requests_sampled_together_give_what_they_give_one_at_a_time():
     """`-M batch_size=4`: concurrent requests are sampled in batches of up to 4 rows that agree on max_tokens,
-    temperature and top_p, and each completion is the one batch_size 1 gives (each request keeps its own seed);
+    temperature and top_p, and each completion is the one batch_size 1 gives, up to float rounding (each request
+    keeps its own seed);
     a request that does not fit fails alone."""
     a = [ChatMessageUser(content="Tell me a story about a cat.")]
     b = [ChatMessageUser(content="How do I start running?"), ChatMessageAssistant(content="Sure, here is how.")]
@@ -185,7 +200,7 @@ def test_requests_sampled_together_give_what_they_give_one_at_a_time():
 
     async def together():
         return await asyncio.gather(*(four.generate(m, config=cfg) for m, cfg in asks))
-    assert [o.completion for o in asyncio.run(together())] == want
+    _same_up_to_rounding([o.completion for o in asyncio.run(together())], want)
     assert torch.equal(torch.get_rng_state(), state)
     assert sorted(sizes) == [(2, 12), (2, 20), (4, 12)]  # 6 short requests: 4 + 2; the 2 long ones apart
     too_long = [ChatMessageUser(content="word " * 600)]
@@ -374,7 +389,7 @@ def test_the_provider_is_found_by_name_through_the_entry_point(tmp_path):
             f"m = get_model('opct/local', model_path={MODEL!r})\n"
             "print(type(m.api).__name__, m.api.continues_prefill)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+                       env={**os.environ, "PYTHONPATH": checkout.pythonpath()})
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["OpctAPI", "True"]
 
