@@ -30,11 +30,11 @@ from opct.axes.base import text_key
 from opct.axes.capability import NAME as CAPABILITY
 from opct.errors import OpctError
 
-SPLITS = ("derive", "label", "pairs", "eval", "capability")
+SPLITS = ("derive", "label", "pairs", "eval", CAPABILITY)  # the capability axis's probes
 TRAINING = ("derive", "label", "pairs")  # the splits that train; eval and capability only measure
 # The pairs of splits that must not share a unit, an item or a text: any two of derive / label / pairs / eval, and
 # the capability probes against every split that trains.
-CHECKED = [*combinations(SPLITS[:4], 2), *(("capability", t) for t in TRAINING)]
+CHECKED = [*combinations(SPLITS[:4], 2), *((CAPABILITY, t) for t in TRAINING)]
 
 
 def rng(*key) -> random.Random:
@@ -84,7 +84,7 @@ def build_splits(name: str, seed: int, derive_n: int, label_n: int, pairs_n: int
     evals = spec.eval_probes(rng(spec.family, "eval"), eval_n)
     units["eval"] = sorted({p["unit"] for p in evals})
     capability = capability_split(capability_n)
-    units["capability"] = sorted({p["unit"] for p in capability})
+    units[CAPABILITY] = sorted({p["unit"] for p in capability})
     if spec.base == "protected":
         units["derive"] = sorted(set(units["derive"]) | set(SYC.ALIGN_ENTITIES))
     return Splits(name, seed, units, derive, label, pairs, evals, align, capability)
@@ -98,7 +98,7 @@ def record(s: Splits, pairs=()) -> dict:
             "pairs": [(p["item"], text_of(p["messages"])) for p in s.pairs] +
                      [(p.meta["item"], text_of(m)) for p in pairs for m in (p.teacher, p.student)],
             "eval": [(p["item"], text_of(p["messages"])) for p in s.eval],
-            "capability": [(p["item"], text_of(p["messages"])) for p in s.capability]}
+            CAPABILITY: [(p["item"], text_of(p["messages"])) for p in s.capability]}
     return {split: {"units": list(s.units[split]), "items": sorted({i for i, _ in rows[split]}),
                     "texts": sorted({t for _, t in rows[split]})} for split in SPLITS}
 
