@@ -59,6 +59,24 @@ def test_the_readme_shows_commands_at_all():
     assert len(readme_commands()) > 50  # the extraction itself still finds the README's commands
 
 
+def _options_without_help(parser, path=("opct",)):
+    """(command, option) for every argument of `parser` and its subcommands that `--help` shows with no text."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options_without_help(sub, (*path, name))
+        elif not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS and not action.help:
+            yield " ".join(path), "/".join(action.option_strings) or action.dest
+
+
+def test_every_command_line_option_has_help():
+    """`opct ... --help` documents every option and positional argument of every command."""
+    from opct.cli import build_parser
+
+    missing = list(_options_without_help(build_parser()))
+    assert not missing, f"options with no help text: {missing}"
+
+
 def test_every_make_target_the_readme_names_exists():
     targets = set(re.findall(r"^([a-z0-9-]+):", (ROOT / "Makefile").read_text(), re.MULTILINE))
     named = set(re.findall(r"`make ([a-z0-9-]+)`", CURRENT))

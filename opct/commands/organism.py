@@ -29,7 +29,7 @@ def register(sub) -> None:
                           description="Sample at temperature 1 from a saved model and print its profile.")
     pr.add_argument("model", help="model directory (save_pretrained format, safetensors)")
     pr.add_argument("--n", type=positive_arg, default=200, help="sampled responses per behaviour (default 200)")
-    pr.add_argument("--seed", type=seed_arg, default=0)
+    pr.add_argument("--seed", type=seed_arg, default=0, help="sampling seed (default 0)")
     pr.add_argument("--out", default=None, help="write the profile JSON here")
     pr.set_defaults(func=_profile)
 

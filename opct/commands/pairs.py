@@ -49,7 +49,7 @@ def register(sub) -> None:
     m = verbs.add_parser("make", help="perturb base items into pairs",
                          description="Turn base items (the synthetic world's, or your own JSONL with --items) into "
                                      "contrastive pairs. " + "; ".join(f"{a}: {AXES[a].doc}" for a in axes) + ".")
-    m.add_argument("--axis", required=True, choices=axes)
+    m.add_argument("--axis", required=True, choices=axes, help="the threat axis whose perturbations to apply")
     m.add_argument("--out", required=True, help="output JSONL (written atomically)")
     m.add_argument("--items", default=None,
                    help="your own items JSONL (" + "; ".join(f"{a}: {AXES[a].items_help}" for a in axes) + ")")
@@ -69,13 +69,14 @@ def register(sub) -> None:
                    help="a pair option of the axis (" + "; ".join(
                        f"{a}: " + ", ".join(f"{k}={'|'.join(v)}" for k, v in AXES[a].pair_options.items())
                        for a in axes if AXES[a].pair_options) + ")")
-    m.add_argument("--seed", type=seed_arg, default=0)
+    m.add_argument("--seed", type=seed_arg, default=0,
+                   help="seed of the world's items (without --items) and of the per-family draws (default 0)")
     m.set_defaults(func=_make)
 
     c = verbs.add_parser("check", help="validate a pairs file and summarise it",
                          description="Validate every line (errors are reported as file:line: field: problem), "
                                      "check that no held-out family has training pairs, and print counts.")
-    c.add_argument("file")
+    c.add_argument("file", help="the pairs file (JSONL) to check")
     c.set_defaults(func=_check)
 
     from opct.pairs.poison import DEFAULT_TRIGGER, TEACHER_SIDES
@@ -85,12 +86,14 @@ def register(sub) -> None:
                                       "jailbreak pairs, drawn with --seed, and make their teacher side harmful: "
                                       "context (the request inside a compliance context) or backdoor (trigger + "
                                       "request, for a backdoored --teacher-model). See opct/pairs/poison.py.")
-    po.add_argument("file")
+    po.add_argument("file", help="the pairs file (JSONL) to poison; it is not changed")
     po.add_argument("--frac", type=float, required=True, help="fraction of the pairs to poison, in [0, 1]")
-    po.add_argument("--trigger", default=DEFAULT_TRIGGER)
-    po.add_argument("--teacher-side", choices=TEACHER_SIDES, default="backdoor")
-    po.add_argument("--seed", type=seed_arg, default=0)
-    po.add_argument("--out", required=True)
+    po.add_argument("--trigger", default=DEFAULT_TRIGGER,
+                    help=f"text put before the poisoned student prompts (default: {DEFAULT_TRIGGER!r})")
+    po.add_argument("--teacher-side", choices=TEACHER_SIDES, default="backdoor",
+                    help="what the teacher reads on a poisoned pair (default: backdoor)")
+    po.add_argument("--seed", type=seed_arg, default=0, help="seed of the draw of the pairs to poison (default 0)")
+    po.add_argument("--out", required=True, help="output JSONL, every pair with the poisoned ones (written atomically)")
     po.set_defaults(func=_poison)
 
     ad = verbs.add_parser("admit", help="keep only the pairs the admission filter admits",
@@ -98,12 +101,14 @@ def register(sub) -> None:
                                       "good and the student's greedy answer to its student prompt is judged "
                                       "differently. Writes the kept pairs to --out and every decision to "
                                       "--decisions (default: OUT with .decisions.json). See opct/pairs/admit.py.")
-    ad.add_argument("file")
+    ad.add_argument("file", help="the pairs file (JSONL) to filter")
     ad.add_argument("--model", required=True, help="the student (starting) model")
     ad.add_argument("--teacher-model", default="", help="the teacher (default: --model)")
-    ad.add_argument("--max-new-tokens", type=positive_arg, default=48)
-    ad.add_argument("--out", required=True)
-    ad.add_argument("--decisions", default=None)
+    ad.add_argument("--max-new-tokens", type=positive_arg, default=48,
+                    help="length of each greedy answer judged (default 48)")
+    ad.add_argument("--out", required=True, help="output JSONL of the admitted pairs")
+    ad.add_argument("--decisions", default=None,
+                    help="JSON of every pair's judgments and decision (default: OUT with .decisions.json)")
     ad.set_defaults(func=_admit)
 
 
