@@ -48,6 +48,12 @@ def _bad(**changes):
     (_bad(meta={"split": "train"}), "meta.family", "missing"),
     (_bad(meta={"family": "x", "split": "test"}), "meta.split", "must be one of"),
     (_bad(extra=1), "extra", "unknown field"),
+    (_bad(meta={"family": "x", "split": "train", "harmful": "no"}), "meta.harmful", "true or false"),
+    (_bad(meta={"family": "x", "split": "train", "poisoned": 1}), "meta.poisoned", "true or false"),
+    (_bad(meta={"family": "x", "split": "train", "hazard": None}), "meta.hazard", "true or false"),
+    (_bad(meta={"family": "x", "split": "train", "score": 1.5}).replace("1.5", "NaN"), "<json>", "NaN is not JSON"),
+    (_bad(meta={"family": "x", "split": "train", "score": 1.5}).replace("1.5", "-Infinity"), "<json>",
+     "-Infinity is not JSON"),
     ("{not json", "<json>", "malformed JSON"),
     ("[1, 2]", "<record>", "JSON object"),
 ])
@@ -194,10 +200,11 @@ def test_an_out_that_names_the_items_file_is_refused_before_it_is_replaced(tmp_p
     ("sycophancy", {"id": "q", "answer": "yes", "wrong_answer": "no"}, "question"),
     ("jailbreak", {"id": "r", "request": ""}, "request"),
     ("awareness", {"id": "s", "prompt": "I will swim."}, "fact"),
+    ("awareness", {"id": "s", "prompt": "I will swim.", "fact": "Water is cold.", "weight": float("nan")}, "<json>"),
 ])
 def test_bad_user_items_name_the_field(tmp_path, axis, record, field):
     p = tmp_path / "items.jsonl"
-    p.write_text(json.dumps(record) + "\n")
+    p.write_text(json.dumps(record) + "\n")  # json.dumps writes a float NaN as NaN, which is not JSON
     with pytest.raises(DataError, match=rf"items.jsonl:1: {field}: "):
         load_items(p, axis)
 

@@ -188,6 +188,21 @@ def test_a_finished_fetch_returns_at_once_without_loading_torch(home):
     assert not F.fetched(target)
 
 
+def test_a_fetch_whose_weights_were_damaged_since_says_how_to_convert_it_again(home, capsys):
+    """`--model smollm2` over a finished fetch whose model.safetensors no longer reads (same size, so the fetch still
+    looks finished) names the file and `opct model fetch smollm2 --force`, before anything loads."""
+    target = home / "models" / "smollm2"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+    (target / "model.safetensors").write_bytes(b"\0" * 64)
+    (target / "fetch.json").write_text(json.dumps({"format": F.FORMAT, "gguf_sha256": F.GGUF_SHA256,
+                                                   "safetensors_bytes": 64}))
+    err = tiny_lm.cli_error(capsys, ["eval", "--model", "smollm2", "--suite", "capability", "--n", "1",
+                                     "--out", str(home / "eval")])
+    assert err.startswith(f"opct: error: {target / 'model.safetensors'}: damaged or truncated safetensors file"), err
+    assert err.endswith("`opct model fetch smollm2 --force` converts it again")
+
+
 def test_the_subjects_experiment_is_configs_smollm2_and_loads():
     from opct.experiment import load_experiment
 

@@ -29,6 +29,8 @@ from opct.files import write_atomic
 
 TASKS = ("invariance", "compression")
 SPLITS = ("train", "heldout")
+# meta fields read as true or false (jailbreak / persona / prefill `harmful`, awareness `hazard`, `poisoned`)
+FLAGS = ("harmful", "hazard", "poisoned")
 ROLES = ("system", "user", "assistant")
 
 
@@ -149,15 +151,24 @@ def validate_pair(obj, path="<pair>", line=0) -> Pair:
         raise DataError(path, line, "meta.family", "missing (every pair records its family)")
     if meta.get("split") not in SPLITS:
         raise DataError(path, line, "meta.split", f"must be one of {', '.join(SPLITS)} (got {meta.get('split')!r})")
+    for flag in FLAGS:  # read as true or false: the string "no" would count as true
+        if flag in meta and not isinstance(meta[flag], bool):
+            raise DataError(path, line, f"meta.{flag}", f"must be true or false (got {meta[flag]!r})")
     extra = set(obj) - {"id", "axis", "task", "teacher", "student", "meta"}
     if extra:
         raise DataError(path, line, sorted(extra)[0], "unknown field (put extra information under 'meta')")
     return Pair(id=pid, axis=obj["axis"], task=obj["task"], teacher=obj["teacher"], student=obj["student"], meta=meta)
 
 
-def read_jsonl(path) -> Iterable[tuple[int, dict]]:
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON (write a number, or null)")
+
+
+def read_jsonl(path, strict: bool = False) -> Iterable[tuple[int, dict]]:
     """Yield (line number, decoded object) for each non-blank line. A line that is not UTF-8, not JSON or nested
-    too deeply names its line; a missing file names the file (a directory: the OS error, which the CLI names)."""
+    too deeply names its line; a missing file names the file (a directory: the OS error, which the CLI names).
+    `strict`: Python's extensions NaN, Infinity and -Infinity are errors too (a user's pairs and items: a NaN there
+    is a mistake that would pass every comparison unnoticed); opct's own files may hold them (a NaN loss)."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, 0, "<file>", "no such file")
@@ -170,9 +181,11 @@ def read_jsonl(path) -> Iterable[tuple[int, dict]]:
             if not raw.strip():
                 continue
             try:
-                yield n, json.loads(raw)
+                yield n, json.loads(raw, parse_constant=_no_constant) if strict else json.loads(raw)
             except json.JSONDecodeError as e:
                 raise DataError(path, n, "<json>", f"malformed JSON ({e.msg} at column {e.colno})") from None
+            except ValueError as e:  # a constant under `strict`
+                raise DataError(path, n, "<json>", str(e)) from None
             except RecursionError:
                 raise DataError(path, n, "<json>", "nested too deeply") from None
 
@@ -180,7 +193,7 @@ def read_jsonl(path) -> Iterable[tuple[int, dict]]:
 def load_pairs(path) -> list[Pair]:
     """Load and validate a pairs file. Duplicate ids are an error (they would break resumable data positions)."""
     pairs, seen = [], {}
-    for n, obj in read_jsonl(path):
+    for n, obj in read_jsonl(path, strict=True):
         p = validate_pair(obj, path, n)
         if p.id in seen:
             raise DataError(path, n, "id", f"duplicate id {p.id!r} (first on line {seen[p.id]})")

@@ -30,9 +30,18 @@ AXIS_MODULES = (sycophancy, jailbreak, awareness, capability, conditional)
 
 
 def resolve() -> Path:
+    """The model directory, fetched first if need be. A finished fetch whose weights no longer read (a file damaged
+    since, its size unchanged) is an error that says how to convert it again."""
+    from opct.errors import OpctError
+    from opct.modeldir import check_weights
     from opct.subjects.smollm2.fetch import fetch
 
-    return fetch()
+    target = fetch()
+    try:
+        check_weights(target)
+    except OpctError as e:
+        raise OpctError(f"{e}; `opct model fetch smollm2 --force` converts it again") from None
+    return target
 
 
 # The prefill axis reads the jailbreak axis's item format: its requests are the jailbreak items (StrongREJECT's harmful
