@@ -177,26 +177,29 @@ def test_combined_dsr_counts_a_behaviour_broken_by_any_attacker():
 def test_reward_rises_while_it_trains_against_the_test_organism(test_organism, test_attacker):
     """Against the base `test` organism, one round per episode (so the reward is the judge's score of a single
     attempt: with three rounds nearly every episode of the pretrained attacker already succeeds, see the README).
-    The training curve rises, and so does the success of a first attempt on the training behaviours, measured on
-    480 episodes before and after training."""
+    The training curve rises over 6 epochs (30 steps), and so does the success of a first attempt on the training
+    behaviours, measured on 4 x 480 episodes before and after training. (One 480-episode measurement has a standard
+    error of about 0.02: after the default 3 epochs, on 2026-12-06 on an AMD EPYC, one seed measured a rise of 0.031
+    and another of 0.125.)"""
     from opct.policy import load_policy
 
     target, judge = load_policy(test_organism), world_judge()
-    cfg = A.AttackConfig(rl_attacker="test", rl_rounds=1)
+    cfg = A.AttackConfig(rl_attacker="test", rl_rounds=1, rl_epochs=6)
     gen = Gen(24, cfg.attack_temperature, 64)
     train, _ = training_behaviours(target, JB.world_items(0), HELD, judge, cfg, gen)
     attacker = lm.load_attacker(test_attacker)
     wide = A.AttackConfig(rl_rounds=1, rl_episodes=32)
 
     def success():
-        eps = rl.rollout(attacker, target, judge, train, wide, gen, seed=12345)
+        eps = [e for seed in (12345, 7, 8, 9)
+               for e in rl.rollout(attacker, target, judge, train, wide, gen, seed=seed)]
         return sum(e.reward() for e in eps) / len(eps)
 
     before = success()
     out = rl.train_attacker(attacker, target, judge, train, cfg, gen)
     after = success()
     curve = [c["reward"] for c in out["curve"]]
-    assert len(curve) == 3 and out["steps"] == 15 and out["target_queries"] == 15 * 8 * 3
+    assert len(curve) == 6 and out["steps"] == 30 and out["target_queries"] == 30 * 8 * 3
     assert curve[-1] > curve[0], curve
     assert after >= before + 0.05, (before, after)
 
