@@ -200,11 +200,10 @@ def test_an_out_that_names_the_items_file_is_refused_before_it_is_replaced(tmp_p
     ("sycophancy", {"id": "q", "answer": "yes", "wrong_answer": "no"}, "question"),
     ("jailbreak", {"id": "r", "request": ""}, "request"),
     ("awareness", {"id": "s", "prompt": "I will swim."}, "fact"),
-    ("awareness", {"id": "s", "prompt": "I will swim.", "fact": "Water is cold.", "weight": float("nan")}, "<json>"),
 ])
 def test_bad_user_items_name_the_field(tmp_path, axis, record, field):
     p = tmp_path / "items.jsonl"
-    p.write_text(json.dumps(record) + "\n")  # json.dumps writes a float NaN as NaN, which is not JSON
+    p.write_text(json.dumps(record) + "\n")
     with pytest.raises(DataError, match=rf"items.jsonl:1: {field}: "):
         load_items(p, axis)
 

@@ -167,8 +167,9 @@ def _no_constant(name: str):
 def read_jsonl(path, strict: bool = False) -> Iterable[tuple[int, dict]]:
     """Yield (line number, decoded object) for each non-blank line. A line that is not UTF-8, not JSON or nested
     too deeply names its line; a missing file names the file (a directory: the OS error, which the CLI names).
-    `strict`: Python's extensions NaN, Infinity and -Infinity are errors too (a user's pairs and items: a NaN there
-    is a mistake that would pass every comparison unnoticed); opct's own files may hold them (a NaN loss)."""
+    `strict`: Python's extensions NaN, Infinity and -Infinity are errors too (a pairs file, whose `meta` is free
+    form: a NaN there is a mistake that passes every comparison unnoticed); opct's own files may hold them (a NaN
+    loss), and an items file checks each field's type and finiteness itself, naming the field."""
     path = Path(path)
     if not path.exists():
         raise DataError(path, 0, "<file>", "no such file")
