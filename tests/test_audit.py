@@ -375,6 +375,16 @@ def _summary(tmp_path, cells):
     return summarise(tmp_path)
 
 
+def test_a_paired_difference_of_changes_keeps_its_range():
+    """A difference of two changes reaches [-2, 2]: its interval is not cut at 1 (it was, so a large difference read
+    as a tighter one than the seeds gave)."""
+    from opct.audit.findings import _paired
+
+    iv = _paired({0: 0.9, 1: 0.7, 2: 0.8}, {0: -0.9, 1: -0.3, 2: -0.8})
+    assert iv["value"] == pytest.approx(1.4667, abs=1e-4) and iv["ci_high"] > 1.0 and iv["ci_high"] <= 2.0
+    assert _paired({0: -0.9, 1: -0.7}, {0: 0.9, 1: 0.1})["ci_low"] == -2.0  # the t interval runs past -2: clipped
+
+
 def test_a_collapse_is_never_counted_as_suppression(tmp_path):
     from opct.audit.findings import pooled
 

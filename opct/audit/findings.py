@@ -67,7 +67,8 @@ def _interval(per_seed: dict) -> dict:
 
 
 def _paired(a: dict, b: dict) -> dict:
-    return D.t_interval([a[s] - b[s] for s in a if s in b and a[s] is not None and b[s] is not None])
+    """The per-seed difference of two changes (each in [-1, 1]), so its interval is clipped to [-2, 2], not [-1, 1]."""
+    return D.t_interval([a[s] - b[s] for s in a if s in b and a[s] is not None and b[s] is not None], -2.0, 2.0)
 
 
 def _sign(iv: dict) -> str:
