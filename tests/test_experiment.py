@@ -255,3 +255,22 @@ def test_own_pairs_that_train_on_a_held_out_family_are_refused(test_organism, tm
     with pytest.raises(OpctError, match="no-such-model"):
         run_experiment(_tiny(test_organism, tmp_path, pairs=str(own), model=str(tmp_path / "no-such-model")),
                        log=lambda m: None)
+
+
+def test_a_users_pair_training_a_family_the_experiment_holds_out_is_named_by_its_line(tmp_path):
+    """`pairs: FILE` in an experiment: a train pair of a family that `trained` leaves out is refused as
+    FILE:LINE: meta.family, the line being the pair's own."""
+    from opct.errors import DataError
+    from opct.experiment.runner import _user_pairs
+    from opct.pairs.make import make_pairs, world_items
+    from opct.pairs.schema import save_pairs
+
+    made = make_pairs("sycophancy", world_items("sycophancy", 0), families=["suggested_answer", "authority"])
+    pairs = [p for p in made if p.split == "train"]
+    first = next(i for i, p in enumerate(pairs) if p.family == "authority")
+    assert first > 0  # not on line 1: the line is looked up, not assumed
+    path = save_pairs(pairs, tmp_path / "pairs.jsonl")
+    assert _user_pairs(path, {"sycophancy": ["suggested_answer", "authority"]}) == path
+    with pytest.raises(DataError, match=rf"pairs.jsonl:{first + 1}: meta.family: sycophancy family 'authority' is "
+                                        r"held out by the experiment's `trained`"):
+        _user_pairs(path, {"sycophancy": ["suggested_answer"]})

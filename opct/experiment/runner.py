@@ -191,7 +191,7 @@ def _user_pairs(path: Path, trained: dict[str, list[str]]) -> Path:
     put trained prompts in the held-out metrics."""
     from opct.axes import AXES
     from opct.errors import DataError
-    from opct.pairs.schema import load_pairs, read_jsonl
+    from opct.pairs.schema import line_of, load_pairs
 
     pairs = load_pairs(path)
     if not any(p.split == "train" for p in pairs):
@@ -200,8 +200,7 @@ def _user_pairs(path: Path, trained: dict[str, list[str]]) -> Path:
         axis = AXES.get(p.axis)
         if p.split == "train" and axis is not None and p.family in axis.families \
                 and p.family not in trained.get(p.axis, ()):
-            line = next(n for n, obj in read_jsonl(path) if obj.get("id") == p.id)  # ids are unique (load_pairs)
-            raise DataError(path, line, "meta.family",
+            raise DataError(path, line_of(path, p.id), "meta.family",
                             f"{p.axis} family {p.family!r} is held out by the experiment's `trained` "
                             f"({', '.join(trained.get(p.axis, ())) or 'nothing of ' + p.axis} trained), but this "
                             f"pair trains on it; add it to `trained` or drop its pairs")

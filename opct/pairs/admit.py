@@ -15,7 +15,7 @@ Greedy decoding is deterministic, so the filter needs no seed. Pairs of an axis 
 from __future__ import annotations
 
 from opct.errors import DataError, OpctError
-from opct.pairs.schema import Pair, read_jsonl
+from opct.pairs.schema import Pair, line_of
 
 ADMIT = ("none", "filter")
 
@@ -38,8 +38,7 @@ def check_judged(pairs: list[Pair], path) -> None:
 
     for p in pairs:
         if getattr(AXES.get(p.axis), "admission", None) is None:
-            line = next(n for n, obj in read_jsonl(path) if obj.get("id") == p.id)  # ids are unique (load_pairs)
-            raise DataError(path, line, "axis", f"the admission filter has no judge for axis {p.axis!r}")
+            raise DataError(path, line_of(path, p.id), "axis", f"the admission filter has no judge for axis {p.axis!r}")
 
 
 def judgment(pair: Pair, response: str) -> str:

@@ -205,6 +205,12 @@ def load_pairs(path) -> list[Pair]:
     return pairs
 
 
+def line_of(path, pair_id: str) -> int:
+    """The line of the pair `pair_id` in the pairs file at `path` (loaded by `load_pairs`, so ids are unique): a check
+    made on the loaded pairs names the line that holds the one it refuses."""
+    return next(n for n, obj in read_jsonl(path) if obj.get("id") == pair_id)
+
+
 def write_jsonl_atomic(path, records: Iterable[dict]) -> Path:
     """Write records as JSONL to a temporary file beside `path`, then rename: a crash never leaves half a file."""
     return write_atomic(path, (json.dumps(r, ensure_ascii=False) + "\n" for r in records))
