@@ -214,7 +214,7 @@ class OpctAPI(ModelAPI):
 
         with self._lock, cpu_threads(*self._threads):  # the sampling thread's count, the caller's back after
             out = policy.sample([r.ids for r in batch], max_new, temperature, top_p=top_p,
-                                    row_seeds=[r.seed for r in batch])
+                                row_seeds=[r.seed for r in batch])
         return [self._output(r, out.response_ids[i], out.texts[i], out.truncated[i], out.logprobs[i])
                 for i, r in enumerate(batch)]
 
