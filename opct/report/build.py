@@ -40,10 +40,6 @@ def _header(run: Run) -> list[tuple[str, str]]:
     return rows
 
 
-def _cells(n: int) -> str:
-    return f"{n} cell" + ("" if n == 1 else "s")
-
-
 def _missing(run: Run) -> list[str]:
     return [f"{arm} seed {seed}: {why}" for arm, seed, why in run.missing]
 
@@ -82,7 +78,7 @@ def results_markdown(run: Run) -> str:
     if exp.get("note"):
         lines += ["", f"> **Note:** {str(exp['note']).strip()}"]
     if run.missing:
-        lines += ["", *page.left_out_md("Missing", _cells(len(run.missing)), _missing(run))]
+        lines += ["", *page.left_out_md("Missing", page.cells(len(run.missing)), _missing(run))]
     if run.failed:
         lines += ["", *page.left_out_md("Failed", str(len(run.failed)), _failed(run))]
     lines += ["", tables.interval_note(run), ""]
@@ -116,7 +112,7 @@ def report_html(run: Run) -> str:
     if exp.get("note"):
         top.append(page.para("Note: " + str(exp["note"]).strip(), "note"))
     if run.missing:
-        top.append(page.left_out_html("Missing", _cells(len(run.missing)), _missing(run)))
+        top.append(page.left_out_html("Missing", page.cells(len(run.missing)), _missing(run)))
     if run.failed:
         top.append(page.left_out_html("Failed", str(len(run.failed)), _failed(run)))
     top.append(page.para(tables.interval_note(run), "small"))

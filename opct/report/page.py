@@ -53,6 +53,11 @@ def bullet_list(items: list[str], cls: str = "") -> str:
     return f'<ul class="{cls}">{lis}</ul>' if cls else f"<ul>{lis}</ul>"
 
 
+def cells(n: int) -> str:
+    """"1 cell" / "3 cells": how a report counts the cells it leaves out."""
+    return f"{n} cell" + ("" if n == 1 else "s")
+
+
 def left_out_md(label: str, count: str, items: list[str]) -> list[str]:
     """Markdown lines naming what a report's numbers leave out (`label`: Missing, Failed; `count`: "3 cells")."""
     return [f"**{label} ({count}, not in the numbers below):**", "", *[f"- {m}" for m in items]]

@@ -139,7 +139,7 @@ def build(root) -> tuple[Path, Path]:
     missing = [f"{name} seed {seed}: not finished (no rows.json)" for name in settings.get("studies", {})
                for seed in settings.get("seeds", []) if not (root / name / f"seed{seed}" / "rows.json").exists()]
     if missing:  # a killed or running run
-        md += [*page.left_out_md("Missing", f"{len(missing)} cell{'s' if len(missing) != 1 else ''}", missing), ""]
+        md += [*page.left_out_md("Missing", page.cells(len(missing)), missing), ""]
     md += [NOTE, ""]
     html_secs = [("", [f"<h1>{page.escape('Robustness: ' + str(settings.get('name', root.name)))}</h1>",
                        page.para("written " + _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -145,7 +145,7 @@ def build(root) -> tuple[Path, Path]:
         md += [f"> {s['note']}", ""]
     missing = m.get("missing") or []
     if missing:
-        md += [*page.left_out_md("Missing", f"{len(missing)} cell{'s' if len(missing) != 1 else ''}", missing), ""]
+        md += [*page.left_out_md("Missing", page.cells(len(missing)), missing), ""]
     md += [NOTE, ""]
     header, body = table(m)
     md += ["## Change against the benign-SFT control", "", _markdown(header, body), ""]
