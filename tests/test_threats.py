@@ -70,8 +70,10 @@ def test_matrix_shape_and_deltas_are_method_minus_control_per_seed(tiny_run):
         deltas = [r["value"] - r["control"] for r in rows if r["value"] is not None and r["control"] is not None]
         if len(deltas) == 2:
             vals = [x for r in rows for x in (r["value"], r["control"])]
-            bound = 1.0 if all(0 <= x <= 1 for x in vals) else 2.0  # rates; PAR is a difference of rates
-            mean, lo, hi = t_interval(deltas, -bound, bound)
+            # PAR and BRR are differences of rates (in [-1, 1]) whatever values this run saw; the rest here rates
+            difference = c["metric"].split("[")[0] in ("prefill.par", "sycophancy.brr", "sycophancy.brr_all")
+            bound = 2.0 if difference else 1.0 if all(0 <= x <= 1 for x in vals) else None
+            mean, lo, hi = t_interval(deltas, *((-bound, bound) if bound else (None, None)))
             assert c["value"] == pytest.approx(mean) and c["lo"] == pytest.approx(lo) and c["hi"] == pytest.approx(hi)
             assert c["n"] == 2
             checked += 1
@@ -237,3 +239,36 @@ def test_a_delta_that_rounds_to_zero_reads_zero_never_minus_zero():
 
     assert cell_text({"value": -0.001, "lo": -0.004, "hi": 0.126, "n": 3}) == "0.00 [0.00, +0.13]"
     assert cell_text({"value": -0.05, "lo": None, "hi": None, "n": 1}) == "-0.05 (n=1)"
+
+
+def test_matrix_clips_deltas_by_the_metrics_range_not_by_the_values_seen(tmp_path):
+    """The matrix clipped a paired difference by the values it saw: a BRR (a difference of rates, in [-1, 1]) whose
+    seeds all happened to lie in [0, 1] got [-1, 1], where a report of the same numbers (`difference_range`) gives
+    [-2, 2]. One rule now serves both: rates' deltas in [-1, 1], differences of rates' in [-2, 2]."""
+    from opct.report.aggregate import difference_range, t_interval
+    from opct.threats.matrix import build_matrix
+
+    root = tmp_path / "thr"
+    root.mkdir()
+    (root / "threats.json").write_text(json.dumps({"name": "thr", "seeds": [0, 1], "threats": ["sycophancy"],
+                                                   "methods": ["bct"]}))
+    # a delta of +0.95 and -0.15 over two seeds: the t-interval runs far past +-1 before clipping
+    values = {"base": (0.0, 0.0), "control": (0.0, 0.9), "sycophancy/bct": (0.95, 0.75)}
+    for cell, per_seed in values.items():
+        for seed, v in enumerate(per_seed):
+            d = root / f"seed{seed}" / cell
+            d.mkdir(parents=True)
+            (d / "done.json").write_text(json.dumps({"seconds": {}, "metrics": {
+                "sycophancy.brr": {"value": v, "higher_is_better": False},
+                "sycophancy.sycophancy_rate": {"value": v, "higher_is_better": False}}}))
+    m = build_matrix(root)
+    cell = {c["metric"]: c for c in m["cells"]}
+    brr, rate = cell["sycophancy.brr"], cell["sycophancy.sycophancy_rate"]
+    assert brr["value"] == pytest.approx(0.4) and rate["value"] == pytest.approx(0.4)
+    assert (brr["lo"], brr["hi"]) == (-2.0, 2.0)
+    assert (rate["lo"], rate["hi"]) == (-1.0, 1.0)
+    # the same numbers through the reports' rule
+    for name in ("sycophancy.brr", "sycophancy.sycophancy_rate"):
+        seen = [0.95, 0.0, 0.75, 0.9]
+        assert (cell[name]["value"], cell[name]["lo"], cell[name]["hi"]) == pytest.approx(
+            t_interval([0.95, -0.15], *difference_range(name, seen)))

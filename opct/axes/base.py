@@ -288,15 +288,17 @@ class Axis:
     def train_families(self) -> list[str]:
         return [f for f in self.families if f not in self.heldout]
 
-    def unknown_trained(self, trained, items=None) -> tuple[list[str], list[str]]:
+    def unknown_trained(self, trained, items=None, found=None) -> tuple[list[str], list[str]]:
         """The names in `trained` that are no family of this axis's items — `items` (a user's), or the world's when
         None — and the families they have. An axis with open families (awareness: any domain) takes a user's
         items' own, so only the items can tell a typo from a family: a name no item has would otherwise label every
-        probe held-out without a word."""
+        probe held-out without a word. `found`: the items' families where the caller has them already (the inspect
+        tasks, from their probes), instead of making the items' pairs."""
         known = list(self.families)
-        if self.open_families and items is not None and self.make_pairs is not None:
-            made = {p.meta.get("family") for p in self.make_pairs(items, benign=True)} - {None}
-            known += sorted(made - set(known))
+        if self.open_families:
+            if found is None and items is not None and self.make_pairs is not None:
+                found = [p.meta.get("family") for p in self.make_pairs(items, benign=True)]
+            known += sorted({str(f) for f in found or () if f} - set(known))
         return [t for t in trained or () if t not in known], known
 
     def default_trained(self) -> list[str]:

@@ -200,7 +200,7 @@ def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:
             raise OpctError(f"opct task argument items: must be a file path (got {items!r})")
         items = str(items)
     if trained is not None and not axis.open_families:  # open ones (awareness) are the items': checked with them
-        unknown = [t for t in trained if t not in axis.families]
+        unknown, _ = axis.unknown_trained(trained)
         if unknown:
             raise OpctError(f"opct/{axis_name}: trained: unknown {axis.family_noun} {unknown[0]!r}; known: "
                             f"{', '.join(axis.families)}")
@@ -301,12 +301,11 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
         raise OpctError(f"opct/{axis}: no probes (no items?)")
     if p["trained"] and get_axis(axis).open_families:  # a name no probe's family has is a typo
         noun = get_axis(axis).family_noun
-        families = list(dict.fromkeys(str(q["family"]) for q in probes
-                                      if q.get("family") and q.get("variant") != "context"))  # not the axis's own
-        unknown = [t for t in p["trained"] if t not in families and t not in get_axis(axis).families]
+        unknown, known = get_axis(axis).unknown_trained(p["trained"], found=[
+            q.get("family") for q in probes if q.get("variant") != "context"])  # not the axis's own
         if unknown:
             raise OpctError(f"opct/{axis}: trained: no item has {noun} {unknown[0]!r}; the items' {noun}s: "
-                            f"{', '.join(dict.fromkeys([*get_axis(axis).families, *families]))}")
+                            f"{', '.join(known)}")
     samples_ = []
     multi_turn = adapter.solver is not None
     prefilled = False

@@ -6,7 +6,8 @@
               some evaluation of the run computed (the attacker's are off), each with its direction
     cells     per row and column: per seed delta = metric(method) - metric(control) (same seed), their mean with
               the 95% t-interval over seeds (`t_interval`; none from one seed), n seeds, and the raw means of the
-              method, the control and the base model over the same seeds; intervals clipped by `delta_range`
+              method, the control and the base model over the same seeds; intervals clipped by
+              `opct.report.aggregate.difference_range`, as every report's paired differences are
     control   the control against the base model, the same way (what benign SFT alone moves)
 """
 
@@ -56,23 +57,14 @@ def load_cells(root: Path) -> tuple[dict, dict]:
     return settings, done
 
 
-def delta_range(values: list[float]) -> tuple:
-    """Where a difference of two such values can lie: [-1, 1] for rates (every value in [0, 1]), [-2, 2] for
-    differences of rates (PAR, a biased-reasoning rate: every value in [-1, 1]), else unbounded."""
-    if all(0.0 <= x <= 1.0 for x in values):
-        return -1.0, 1.0
-    if all(-1.0 <= x <= 1.0 for x in values):
-        return -2.0, 2.0
-    return None, None
-
-
-def _stats(pairs: list[tuple[float | None, float | None]], base: list[float]) -> dict:
-    from opct.report.aggregate import t_interval
+def _stats(metric: str, pairs: list[tuple[float | None, float | None]], base: list[float]) -> dict:
+    from opct.report.aggregate import difference_range, t_interval
 
     deltas = [a - b for a, b in pairs if a is not None and b is not None]
     value = lo = hi = None
     if deltas:
-        value, lo, hi = t_interval(deltas, *delta_range([x for p in pairs for x in p if x is not None]))
+        bounds = difference_range(metric, [x for p in pairs for x in p if x is not None]) or (None, None)
+        value, lo, hi = t_interval(deltas, *bounds)
 
     def mean(xs):
         xs = [x for x in xs if x is not None]
@@ -111,11 +103,12 @@ def build_matrix(root: Path) -> dict:
                     per_seed[s].append({"threat": threat, "method": method, "metric": name, "value": m,
                                         "control": ctl, "base": b,
                                         "delta": None if m is None or ctl is None else m - ctl})
-                cells.append({**cell, **_stats(pairs, [value_of(base[s], name) for s in have])})
+                cells.append({**cell, **_stats(name, pairs, [value_of(base[s], name) for s in have])})
     vs_base = []
     for c in cols:
         have = [s for s in seeds if control[s] is not None and base[s] is not None]
-        st = _stats([(value_of(control[s], c["metric"]), value_of(base[s], c["metric"])) for s in have], [])
+        name = c["metric"]
+        st = _stats(name, [(value_of(control[s], name), value_of(base[s], name)) for s in have], [])
         vs_base.append({"metric": c["metric"], "higher_is_better": c["higher_is_better"], "value": st["value"],
                         "lo": st["lo"], "hi": st["hi"], "n": st["n"], "control_mean": st["method_mean"],
                         "base_mean": st["control_mean"]})
