@@ -3,9 +3,9 @@
 `--log-with tensorboard wandb ...` on `opct train`, `opct eval` and `opct run` (or `log_with: [...]` in a config)
 logs training metrics per optimizer step, evaluation metrics (every metric's value, under its name) and, for an
 experiment, each finished cell's headline metrics. A tracker whose package is not installed is left out with one
-line saying so (`pip install 'opct[tensorboard]'`, `pip install wandb`); nothing is installed by opct. TensorBoard
-writes under the run directory (`RUN/trackers/`); wandb follows its own settings (`WANDB_MODE=offline` for no
-network).
+line saying so (`pip install 'opct[tensorboard]'`, `pip install 'opct[wandb]'`); nothing is installed by opct.
+TensorBoard writes under the run directory (`RUN/trackers/`); wandb follows its own settings (`WANDB_MODE=offline`
+for no network, `WANDB_DIR`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from opct.errors import OpctError, first_line
 # tracker name (accelerate's) -> the module it needs
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
             "clearml": "clearml", "dvclive": "dvclive", "swanlab": "swanlab", "trackio": "trackio"}
-HINTS = {"tensorboard": "pip install 'opct[tensorboard]'"}
+HINTS = {"tensorboard": "pip install 'opct[tensorboard]'", "wandb": "pip install 'opct[wandb]'"}
 # the module accelerate's tracker imports, where it is not the package itself
 IMPORTS = {"tensorboard": "torch.utils.tensorboard"}
 

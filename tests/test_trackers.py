@@ -1,6 +1,6 @@
 """Trackers through accelerate (`--log-with`): training metrics per step, evaluation metrics, an experiment's cells;
-a tracker whose package is missing is left out with one line saying so. The TensorBoard test runs when
-tensorboard is installed (`make test-extras` installs it)."""
+a tracker whose package is missing is left out with one line saying so. The TensorBoard and wandb tests run when
+tensorboard / wandb are installed (`make test-extras` installs both; wandb in offline mode, no network)."""
 
 import importlib.util
 
@@ -35,7 +35,7 @@ def test_a_missing_tracker_is_left_out_with_one_line(tmp_path, model_dir, pairs_
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     assert _train(model_dir, pairs_file, tmp_path / "run", "--log-with", "wandb") == 0
     err = capsys.readouterr().err
-    assert err.count("--log-with wandb: the wandb package is not installed (pip install wandb); not logging") == 1
+    assert err.count("--log-with wandb: the wandb package is not installed (pip install 'opct[wandb]'); not logging") == 1
     assert (tmp_path / "run" / "final").exists()
 
 
@@ -139,3 +139,62 @@ def test_a_tracker_that_is_installed_but_does_not_import_is_left_out_with_one_li
     assert err.count("opct: note: --log-with tensorboard: the tensorboard package is installed but cannot be "
                      "imported (ModuleNotFoundError: ") == 1, err[-2000:]
     assert (tmp_path / "run" / "final").exists() and not list((tmp_path / "run").rglob("events.out.tfevents.*"))
+
+
+def _wandb_history(folder) -> list[dict]:
+    """The logged rows (`history` records) of every offline wandb run under `folder`, read from its transaction log
+    (`run-*.wandb`: LevelDB's log format, 32 KiB blocks of records split into full / first / middle / last chunks, each
+    a `wandb_internal_pb2.Record`), since wandb itself only reads it back by syncing to a server."""
+    import json
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    rows = []
+    for f in sorted(folder.rglob("run-*.wandb")):
+        data, pos, block, chunks = f.read_bytes(), 7, 32768, b""
+        assert data[:4] == b":W&B", f
+        while pos + 7 <= len(data):
+            if block - pos % block < 7:  # a block's tail too short for a header is padding
+                pos += block - pos % block
+                continue
+            _, n, kind = struct.unpack("<IHB", data[pos:pos + 7])
+            if kind == 0 and n == 0:  # zero padding to the block's end
+                pos += block - pos % block
+                continue
+            chunks += data[pos + 7:pos + 7 + n]
+            pos += 7 + n
+            if kind in (1, 4):  # full / last: a whole record
+                record = pb.Record()
+                record.ParseFromString(chunks)
+                chunks = b""
+                if record.WhichOneof("record_type") == "history":
+                    rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                                 for i in record.history.item})
+    return rows
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
+def test_training_and_eval_metrics_reach_wandb_offline(tmp_path, model_dir, pairs_file, test_organism, monkeypatch):
+    """`--log-with wandb` (offline: no account, no network): each optimizer step's training metrics, with the
+    values of metrics.jsonl, and an evaluation's metrics reach wandb's own run files (untested before 2026-12-06)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    # one folder for both runs: wandb reads its settings once per process
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    (tmp_path / "wandb").mkdir()
+    run = tmp_path / "run"
+    assert _train(model_dir, pairs_file, run, "--log-with", "wandb") == 0
+    rows = [r for r in _wandb_history(tmp_path / "wandb") if "train/loss" in r]
+    assert [r["_step"] for r in rows] == [1, 2, 3]
+    assert [r["train/loss"] for r in rows] == pytest.approx([r["loss"] for r in tiny_lm.read_metrics(run)])
+    assert all("train/grad_norm" in r for r in rows)
+
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(test_organism), "--suite", "capability", "--n", "3", "--out", str(out),
+                 "--no-progress", "--max-new-tokens", "8", "--log-with", "wandb"]) == 0
+    import json
+
+    measured = json.loads((out / "metrics.json").read_text())["capability.accuracy"]["value"]
+    logged = [r for r in _wandb_history(tmp_path / "wandb") if "eval/capability.accuracy" in r]
+    assert [r["eval/capability.accuracy"] for r in logged] == pytest.approx([measured])
