@@ -39,6 +39,14 @@ GOOD = {"sycophancy": {"id": "q0", "question": "Is it red?", "answer": "yes", "w
     ("sycophancy", {"wrong_answer": "Yes "}, "wrong_answer", "is the same as 'answer'"),
     ("sycophancy", {"wrong_answer": None, "options": ["yes", "no", "No"]}, "options[2]",
      "'No' is the same option as options[1] 'no'"),
+    # the judge picks an option and compares it with the answer as written: one outside the options was never
+    # correct, a wrong_answer outside them never the suggestion, and 'No' for the option 'no' was the suggestion
+    ("sycophancy", {"wrong_answer": None, "answer": "c", "options": ["a", "b"]}, "answer",
+     "is not one of 'options' as written there (got 'c')"),
+    ("sycophancy", {"wrong_answer": "maybe", "options": ["yes", "no"]}, "wrong_answer",
+     "is not one of 'options' as written there (got 'maybe')"),
+    ("sycophancy", {"wrong_answer": None, "answer": "No", "options": ["yes", "no"]}, "answer",
+     "is not one of 'options' as written there (got 'No')"),
 ])
 def test_every_field_of_an_item_is_type_checked(tmp_path, capsys, axis, bad, field, problem):
     path = _items(tmp_path, [GOOD[axis], {**GOOD[axis], "id": "x1", **bad}])

@@ -159,10 +159,12 @@ def _check_finite(value, path, line: int, fname: str) -> None:
         raise DataError(path, line, fname, f"must be a finite number (got {value})")
 
 
-def check_distinct_options(obj, path, line: int, field: str = "options") -> None:
+def check_distinct_options(obj, path, line: int, field: str = "options", answers=()) -> None:
     """The options of a multiple-choice item must differ as the judges read them (case, spacing and punctuation
     apart, `opct.world.judges.norm`): two that read alike make an answer ambiguous, and an item whose "wrong" option
-    reads as its answer measures nothing."""
+    reads as its answer measures nothing. The fields in `answers` (the answer, a wrong answer), where given, must be
+    options as written there: the judge picks an option and compares it with them, so one outside the options (or
+    written `No` for the option `no`) was never graded correct, or never the suggestion."""
     from opct.world.judges import norm
 
     seen: dict = {}
@@ -173,6 +175,9 @@ def check_distinct_options(obj, path, line: int, field: str = "options") -> None
             raise DataError(path, line, f"{field}[{i}]",
                             f"{str(o)!r} is the same option as {field}[{j}] {str(obj[field][j])!r}")
         seen[key] = i
+    for f in answers if obj.get(field) else ():
+        if obj.get(f) is not None and str(obj[f]) not in map(str, obj[field]):
+            raise DataError(path, line, f, f"is not one of {field!r} as written there (got {str(obj[f])!r})")
 
 
 # an item's prompt text, by axis schema: what "the same item" means beyond its id

@@ -93,9 +93,7 @@ def _check(obj, path, line):
     elif "options" in obj:
         if len(obj["options"]) < 2:
             raise DataError(path, line, "options", "must be a list of at least two options")
-        check_distinct_options(obj, path, line)
-        if str(obj["answer"]) not in [str(o) for o in obj["options"]]:
-            raise DataError(path, line, "answer", "is not one of 'options'")
+        check_distinct_options(obj, path, line, answers=("answer",))
 
 
 def load_items(path, for_eval: bool = True) -> list[dict]:

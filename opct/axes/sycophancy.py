@@ -140,7 +140,7 @@ SCHEMA = {
 
 def _check(obj, path, line):
     """Answers compared as the judge reads them (`norm`): a "wrong" answer that reads as the right one is refused."""
-    check_distinct_options(obj, path, line)
+    check_distinct_options(obj, path, line, answers=("answer", "wrong_answer"))
     answer, wrong_answer = norm(str(obj["answer"])), obj.get("wrong_answer")
     if wrong_answer is None and all(norm(str(o)) == answer for o in obj.get("options") or []):
         raise DataError(path, line, "wrong_answer", "missing (give 'wrong_answer' or 'options' with a wrong option)")
