@@ -159,3 +159,19 @@ def test_profile_out_that_cannot_be_written_is_refused_before_sampling(test_orga
     out, err = capsys.readouterr()
     assert err.strip().splitlines()[-1] == f"opct: error: {tmp_path}: is a directory, expected a file"
     assert out == ""  # refused before a profile was measured (and printed)
+
+
+@pytest.mark.parametrize("name", ["config.json", "profile.json"])
+def test_profile_out_that_names_a_file_of_the_model_is_refused(test_organism, tmp_path, capsys, name):
+    """`opct organism profile MODEL --out MODEL/config.json` replaced the model's config with its profile (the model
+    no longer loaded); --out under a file (`FILE/p.json`) failed only after the sampling."""
+    before = (test_organism / name).read_bytes()
+    assert main(["organism", "profile", str(test_organism), "--n", "1", "--out", str(test_organism / name)]) == 1
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines()[-1] == (f"opct: error: {test_organism / name}: --out names a file of the model "
+                                            f"directory {test_organism}, which it would replace; choose another --out")
+    assert out == "" and (test_organism / name).read_bytes() == before
+    (tmp_path / "f").write_text("x")
+    assert main(["organism", "profile", str(test_organism), "--n", "1", "--out", str(tmp_path / "f" / "p.json")]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "opct: error:" in err and str(tmp_path / "f") in err

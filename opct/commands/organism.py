@@ -54,6 +54,16 @@ def _profile(args) -> int:
         raise OpctError(f"{args.model}: not a model directory (no config.json)")
     if args.out and Path(args.out).is_dir():  # found now, not after minutes of sampling (the profile was lost)
         raise OpctError(f"{args.out}: is a directory, expected a file")
+    if args.out:  # a file of the model itself (config.json, its weights) would be replaced by the profile
+        import os
+
+        from opct.files import check_writable
+
+        model = Path(os.path.realpath(args.model))
+        if Path(os.path.realpath(args.out)).parent == model and Path(args.out).exists():
+            raise OpctError(f"{args.out}: --out names a file of the model directory {args.model}, which it would "
+                            "replace; choose another --out")
+        check_writable(args.out)  # a file where its directory belongs, no permission: before the sampling too
     profile = measure_profile(args.model, n=args.n, seed=args.seed)
     print_profile(profile)
     if args.out:
