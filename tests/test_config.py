@@ -89,6 +89,10 @@ def test_flags_of_other_commands_are_checked(capsys, tmp_path):
         capsys, ["eval", "--model", "m", "--out", str(tmp_path), "--search-rounds", "-3"])
     assert "--seeds: must not be empty" in cli_error(capsys, ["run", "--seeds"])
     assert "--trained: expected AXIS=FAMILY" in cli_error(capsys, ["run", "--trained", "sycophancy"])
+    # an axis named twice: the last list replaced the first without a word
+    assert "--trained: expected AXIS=FAMILY,FAMILY,... once per axis (got 'sycophancy=consensus')" in cli_error(
+        capsys, ["eval", "--model", "m", "--out", str(tmp_path), "--trained", "sycophancy=authority",
+                 "sycophancy=consensus"])
     assert "--ft-lr: must be > 0" in cli_error(capsys, ["audit", "--out", str(tmp_path), "--ft-lr", "0"])
     bad = _yaml(tmp_path, "eval.yaml", "n: 2.5\ngcg_steps: -1\n")
     assert f"{bad}: n: must be an integer" in cli_error(capsys, ["eval", "--model", "m", "--out", "x",

@@ -248,3 +248,12 @@ def test_a_held_out_items_text_under_a_training_id_is_refused(tmp_path, capsys):
                  "--out", str(out)]) != 0
     err = capsys.readouterr().err
     assert f"{items}:3: request:" in err and "'r2'" in err and not out.exists()
+
+
+def test_a_pair_option_given_twice_is_an_error(tmp_path, capsys):
+    """`--option teacher=note --option teacher=guideline`: the last one won without a word."""
+    out = tmp_path / "p.jsonl"
+    assert main(["pairs", "make", "--axis", "awareness", "--option", "teacher=note", "--option", "teacher=guideline",
+                 "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip() == "opct: error: --option teacher is given 2 times; give it once"
+    assert not out.exists()

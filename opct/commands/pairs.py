@@ -117,6 +117,10 @@ def _make(args) -> int:
     from opct.pairs.schema import save_pairs
 
     _distinct({"--items": args.items}, {"--out": args.out})
+    keys = [k for k, _ in args.options]
+    for k in keys:  # a dict keeps the last value without a word
+        if keys.count(k) > 1:
+            raise OpctError(f"--option {k} is given {keys.count(k)} times; give it once")
     items = load_items(args.items, args.axis) if args.items else world_items(args.axis, args.seed)
     pairs = make_pairs(args.axis, items, families=args.families, heldout=args.heldout,
                        per_family=args.per_family, seed=args.seed, include_benign=args.include_benign,

@@ -31,8 +31,8 @@ def parse_trained(values: list[str]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for v in values:
         axis, sep, fams = v.partition("=")
-        if not sep or not axis.strip():
-            raise ValueError(f"expected AXIS=FAMILY,FAMILY,... (got {v!r})")
+        if not sep or not axis.strip() or axis.strip() in out:  # an axis named twice: the last one won silently
+            raise ValueError(f"expected AXIS=FAMILY,FAMILY,... once per axis (got {v!r})")
         out[axis.strip()] = [f.strip() for f in fams.split(",") if f.strip()]
     return out
 
