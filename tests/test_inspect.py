@@ -194,8 +194,22 @@ def test_a_model_without_a_chat_template_is_refused_by_the_task_not_asked_in_pla
     (dict(trained="no_such_family"), "unknown family 'no_such_family'"),
     (dict(prompt_side="both"), "prompt_side must be 'student' or 'teacher'"),
     (dict(max_tokens=0), "max_tokens: must be an integer >= 1"),
-    (dict(temperature="hot"), "temperature must be a number"),
+    (dict(temperature="hot"), "temperature: must be a finite number >= 0"),
     (dict(groups="maybe"), "groups: must be true or false"),
+    # YAML's .inf was an OverflowError; a bool or an infinite temperature was sampled at (True as 1.0); a number or
+    # a bool for trained was a TypeError, a mapping's keys were taken as its families; an empty items path ran on the
+    # world's items without a word
+    (dict(n=float("inf")), "n: must be an integer >= 1 (got inf)"),
+    (dict(seed=float("-inf")), "seed: must be an integer >= 0 (got -inf)"),
+    (dict(max_tokens=float("inf")), "max_tokens: must be an integer >= 1 (got inf)"),
+    (dict(temperature=True), "temperature: must be a finite number >= 0 (got True)"),
+    (dict(temperature=float("inf")), "temperature: must be a finite number >= 0 (got inf)"),
+    (dict(temperature="nan"), "temperature: must be a finite number >= 0 (got 'nan')"),
+    (dict(temperature=-0.5), "temperature: must be a finite number >= 0 (got -0.5)"),
+    (dict(trained=3), "trained: must be family names, comma-separated or a list (got 3)"),
+    (dict(trained=True), "trained: must be family names, comma-separated or a list (got True)"),
+    (dict(trained={"authority": 1}), "trained: must be family names, comma-separated or a list"),
+    (dict(items=" "), "items: must be a file path (got ' ')"),
 ])
 def test_bad_task_arguments_are_clear_errors(kwargs, needle):
     with pytest.raises(OpctError, match=needle.replace("(", r"\(").replace(")", r"\)")):

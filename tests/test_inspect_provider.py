@@ -290,6 +290,7 @@ def test_the_context_rule_with_opct_local_counts_opct_evals_tokens():
     ({"model_path": MODEL, "threads": True}, "opct model argument threads: must be an integer >= 1"),
     ({"model_path": MODEL, "seed": 2.5}, "opct model argument seed: must be an integer >= 0"),
     ({"model_path": MODEL, "batch_size": 0}, "opct model argument batch_size: must be an integer >= 1"),
+    ({"model_path": MODEL, "batch_size": float("inf")}, r"batch_size: must be an integer >= 1 \(got inf\)"),  # YAML .inf
     ({"model_path": MODEL, "device": "cuda"}, r"argument device cuda: CUDA is not available .*; use -M device=cpu"),
     ({"model_path": MODEL, "device": "gpu0"}, "opct model argument device gpu0: not a torch device"),
     ({"model_path": MODEL, "dtype": "fp8"}, "opct model argument dtype: must be one of float32, bfloat16, float16"),

@@ -85,7 +85,7 @@ from inspect_ai.model import GenerateConfig, get_model, modelapi
 from inspect_ai.scorer import SampleScore, Score, Target, metric, scorer
 from inspect_ai.solver import Generate, TaskState, generate, solver
 
-from opct.inspect._args import clear_errors, flag, integer
+from opct.inspect._args import clear_errors, flag, integer, number
 from opct.inspect.adapters import ADAPTERS, Adapter, register_adapter  # noqa: F401  (the plug-in interface)
 from opct.inspect.conversation import chat
 from opct.pairs.schema import prefill_of
@@ -195,10 +195,15 @@ def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:
         raise OpctError(f"opct/{axis_name}: prompt_side must be 'student' or 'teacher' (got {prompt_side!r})")
     if isinstance(trained, str):
         trained = [t.strip() for t in trained.split(",") if t.strip()]
+    elif trained is not None and not (isinstance(trained, list) and all(isinstance(t, str) for t in trained)):
+        raise OpctError(f"opct task argument trained: must be {axis.family_noun} names, comma-separated or a list "
+                        f"(got {trained!r})")  # a number was a TypeError, a mapping's keys were taken as names
     if items is not None and not isinstance(items, str):  # `-T items=123`: YAML reads a number
         if isinstance(items, bool) or not isinstance(items, (int, float)):
             raise OpctError(f"opct task argument items: must be a file path (got {items!r})")
         items = str(items)
+    if items is not None and not items.strip():  # not the world's items without a word
+        raise OpctError(f"opct task argument items: must be a file path (got {items!r})")
     if trained is not None and not axis.open_families:  # open ones (awareness) are the items': checked with them
         unknown, _ = axis.unknown_trained(trained)
         if unknown:
@@ -289,12 +294,7 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
                         "(a plug-in axis adds one with opct.inspect.register_adapter)")
     p = _params(axis, n, samples, seed, trained, items, prompt_side)
     max_tokens = _int("max_tokens", max_tokens, 1, False)
-    try:
-        temperature = float(temperature)
-    except (TypeError, ValueError):
-        raise OpctError(f"opct/{axis}: temperature must be a number (got {temperature!r})") from None
-    if not temperature >= 0:
-        raise OpctError(f"opct/{axis}: temperature must be >= 0 (got {temperature!r})")
+    temperature = number("task argument", "temperature", temperature, 0)
     adapter = ADAPTERS[axis]
     probes = adapter.probes(p)
     if not probes:

@@ -84,11 +84,28 @@ def integer(what: str, name: str, v, minimum: int, allow_none: bool = False) -> 
         raise bad
     try:
         iv = int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float (YAML's .inf)
         raise bad from None
     if iv < minimum or (isinstance(v, float) and v != iv):
         raise bad
     return iv
+
+
+def number(what: str, name: str, v, minimum: float) -> float:
+    """`v` as a finite number >= minimum (an int, a float or a numeric string; a bool is no number, and an infinite
+    or NaN one is refused, not sampled at)."""
+    import math
+
+    bad = OpctError(f"opct {what} {name}: must be a finite number >= {minimum} (got {v!r})")
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise bad
+    try:
+        fv = float(v)
+    except ValueError:
+        raise bad from None
+    if not (math.isfinite(fv) and fv >= minimum):
+        raise bad
+    return fv
 
 
 def flag(what: str, name: str, v) -> bool:
