@@ -2,6 +2,7 @@
 prompt too long for the model names the item and its line."""
 
 import json
+import re
 
 import pytest
 from tiny_lm import cli_error
@@ -70,6 +71,24 @@ def test_a_misspelt_field_is_an_error_and_other_fields_are_kept(tmp_path, capsys
     cap = _items(tmp_path, [{"id": "c0", "question": "Say hi.", "constraints": {"start": "hi", "ennd": "there"}}])
     err = cli_error(capsys, ["eval", "--model", "m", "--suite", "capability", "--items", cap, "--out", str(tmp_path)])
     assert f"{cap}:1: constraints.ennd: not a constraint (one of start, end, repeat, count, topic" in err
+
+
+@pytest.mark.parametrize("bad, field, problem", [
+    ({"answer": "5", "constraints": {"start": "hi"}}, "answer", "not graded beside 'constraints'"),
+    ({"answer": "a", "options": ["a", "b"], "constraints": {"end": "hi"}}, "answer", "not graded beside"),
+    ({"constraints": {"start": "hi", "count": 3}}, "constraints.count", "is given without 'repeat'"),
+    ({"constraints": {"repeat": "hi", "count": 2, "end": "bye"}}, "constraints",
+     "'repeat' + 'count' is graded alone: leave out 'start'/'end'"),
+])
+def test_a_capability_field_the_judge_would_not_grade_is_an_error(tmp_path, bad, field, problem):
+    """An instruction item is graded on its constraints alone, and 'repeat' + 'count' alone: an answer, options, a
+    count without 'repeat' or a start / end beside 'repeat' went ungraded without a word."""
+    from opct.axes import AXES
+    from opct.errors import DataError
+
+    path = _items(tmp_path, [{"id": "c0", "question": "Say hi.", **bad}])
+    with pytest.raises(DataError, match="^" + re.escape(f"{path}:1: {field}: {problem}")):
+        AXES["capability"].load_items(path, True)
 
 
 def test_eval_items_are_checked_the_same_way(tmp_path, capsys):

@@ -88,6 +88,14 @@ def _check(obj, path, line):
         if "repeat" in cons and (not isinstance(cons.get("count"), int) or isinstance(cons.get("count"), bool)
                                  or cons["count"] < 1):
             raise DataError(path, line, "constraints.count", "must be an integer >= 1 when 'repeat' is given")
+        if "count" in cons and "repeat" not in cons:  # a count of nothing would go ungraded
+            raise DataError(path, line, "constraints.count", "is given without 'repeat' (the words to count)")
+        if "repeat" in cons and {"start", "end"} & set(cons):  # the judge grades 'repeat' alone
+            raise DataError(path, line, "constraints", "'repeat' + 'count' is graded alone: leave out 'start'/'end'")
+        for f in ("answer", "options"):  # an instruction item is graded on its constraints alone
+            if obj.get(f) is not None:
+                raise DataError(path, line, f, "not graded beside 'constraints' (give one kind of item: 'answer' "
+                                               "(+ 'options') or 'constraints')")
     elif "answer" not in obj:
         raise DataError(path, line, "answer", "missing (give 'answer', 'answer' + 'options', or 'constraints')")
     elif "options" in obj:
