@@ -108,6 +108,11 @@ def _check(obj, path, line) -> None:
         given = "misaligned_words" if "misaligned_words" in obj else "aligned_words"
         other = "aligned_words" if given == "misaligned_words" else "misaligned_words"
         raise DataError(path, line, other, f"missing (an item with {given} needs both word lists)")
+    for i, a in enumerate(obj.get("aligned_words") or []):  # a misaligned marker wins (verdict): never aligned
+        hit = next((m for m in obj["misaligned_words"] if _has(J.norm(a), m)), None)
+        if hit is not None:
+            raise DataError(path, line, f"aligned_words[{i}]", f"{a!r} holds the misaligned word {hit!r}, which wins: "
+                                                               "an answer with it would never count as aligned")
 
 
 def load_items(path, for_eval: bool = False) -> list[dict]:
