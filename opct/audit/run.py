@@ -72,8 +72,9 @@ class AuditConfig:
 
     def __post_init__(self):
         validate(self)
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ConfigError("seeds", "must not repeat")
+        for name in ("organisms", "methods", "seeds"):  # a repeated one ran its cells again, recorded twice
+            if len(set(getattr(self, name))) != len(getattr(self, name)):
+                raise ConfigError(name, "must not repeat")
 
 
 # --quick: these replace the defaults (not values given in a config file or on the command line).
