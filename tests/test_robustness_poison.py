@@ -207,6 +207,11 @@ def test_pairs_commands_never_replace_their_input_and_check_before_any_model_loa
     for argv, needle in (
             (["pairs", "poison", str(clean), "--frac", "0.5", "--out", str(clean)],
              f"{clean}: --out names the same file as FILE"),
+            # the flag is --frac: the errors named the robustness study's field, poison_frac
+            (["pairs", "poison", str(clean), "--frac", "1.5", "--out", str(tmp_path / "p.jsonl")],
+             "opct: error: --frac must be in [0, 1] (got 1.5)"),
+            (["pairs", "poison", str(clean), "--frac", "1", "--out", str(tmp_path / "p.jsonl")],
+             "opct: error: --frac 1.0: "),
             ([*admit, str(clean), "--out", str(clean)], f"{clean}: --out names the same file as FILE"),
             ([*admit, str(clean), "--out", str(kept), "--decisions", str(clean)],
              f"{clean}: --decisions names the same file as FILE"),

@@ -153,7 +153,7 @@ def _poison(args) -> int:
     from opct.pairs.schema import load_pairs, save_pairs
 
     _distinct({"FILE": args.file}, {"--out": args.out})
-    pairs = poison(load_pairs(args.file), args.frac, args.trigger, args.seed, args.teacher_side)
+    pairs = poison(load_pairs(args.file), args.frac, args.trigger, args.seed, args.teacher_side, frac_name="--frac")
     save_pairs(pairs, args.out)
     print(f"{sum(bool(p.meta.get('poisoned')) for p in pairs)} of {len(pairs)} pairs poisoned -> {args.out}")
     return 0

@@ -67,10 +67,11 @@ def poison_candidates(pairs: list[Pair]) -> list[int]:
 
 
 def poison(pairs: list[Pair], frac: float, trigger: str = DEFAULT_TRIGGER, seed: int = 0,
-           teacher_side: str = "backdoor") -> list[Pair]:
-    """`pairs` with exactly round(frac * len(pairs)) of them poisoned (see the module docstring), in the same order."""
+           teacher_side: str = "backdoor", frac_name: str = "poison_frac") -> list[Pair]:
+    """`pairs` with exactly round(frac * len(pairs)) of them poisoned (see the module docstring), in the same order.
+    `frac_name`: what the errors call `frac` (`--frac` on the command line)."""
     if not 0 <= frac <= 1:
-        raise OpctError(f"poison_frac must be in [0, 1] (got {frac})")
+        raise OpctError(f"{frac_name} must be in [0, 1] (got {frac})")
     if teacher_side not in TEACHER_SIDES:
         raise OpctError(f"teacher_side must be one of {', '.join(TEACHER_SIDES)} (got {teacher_side!r})")
     if not trigger.strip():
@@ -78,7 +79,7 @@ def poison(pairs: list[Pair], frac: float, trigger: str = DEFAULT_TRIGGER, seed:
     k = round(frac * len(pairs))
     candidates = poison_candidates(pairs)
     if k > len(candidates):
-        raise OpctError(f"poison_frac {frac}: {k} of {len(pairs)} pairs to poison, but only {len(candidates)} are "
+        raise OpctError(f"{frac_name} {frac}: {k} of {len(pairs)} pairs to poison, but only {len(candidates)} are "
                         f"harmful jailbreak pairs")
     chosen = set(random.Random(f"poison-{seed}").sample(candidates, k))
     ids = {p.id for p in pairs}
