@@ -257,3 +257,11 @@ def test_a_pair_option_given_twice_is_an_error(tmp_path, capsys):
                  "--out", str(out)]) == 1
     assert capsys.readouterr().err.strip() == "opct: error: --option teacher is given 2 times; give it once"
     assert not out.exists()
+
+
+def test_an_empty_families_list_is_an_error(tmp_path, capsys):
+    """`--families ,` (or a variable that expanded to nothing) made every family's pairs without a word."""
+    with pytest.raises(SystemExit):
+        main(["pairs", "make", "--axis", "sycophancy", "--families", ",", "--out", str(tmp_path / "p.jsonl")])
+    assert "argument --families: expected comma-separated names (got ',')" in capsys.readouterr().err
+    assert not (tmp_path / "p.jsonl").exists()

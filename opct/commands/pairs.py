@@ -12,6 +12,16 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def _names(text: str) -> list[str]:
+    """--families: at least one name (an empty list meant every family, without a word)."""
+    import argparse
+
+    names = _csv(text)
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names (got {text!r}); leave it out for all")
+    return names
+
+
 def _distinct(inputs: dict[str, str], outputs: dict[str, str]) -> None:
     """Refuse, before anything is read or written, an output (flag -> path) that names an input or an earlier output:
     writing it would replace that file (a pairs file poisoned in place loses its clean pairs; `--decisions` = `--out`
@@ -53,7 +63,7 @@ def register(sub) -> None:
     m.add_argument("--out", required=True, help="output JSONL (written atomically)")
     m.add_argument("--items", default=None,
                    help="your own items JSONL (" + "; ".join(f"{a}: {AXES[a].items_help}" for a in axes) + ")")
-    m.add_argument("--families", type=_csv, default=None, help="comma-separated families (default: all)")
+    m.add_argument("--families", type=_names, default=None, help="comma-separated families (default: all)")
     m.add_argument("--heldout", type=_csv, default=None,
                    help="comma-separated held-out families (awareness: domains); default: the world's split")
     m.add_argument("--per-family", type=positive_arg, default=None, help="items drawn per family (default: all)")
