@@ -34,6 +34,7 @@ import functools
 import json
 import math
 import typing
+import weakref
 from pathlib import Path
 
 from opct.errors import OpctError, first_line
@@ -304,6 +305,17 @@ def load_config_file(path) -> dict:
     return data
 
 
+class OnceList(argparse.Action):
+    """A list flag (nargs * or +) that may be given once: argparse keeps the last of two without a word, so
+    `--seeds 0 --seeds 1` ran seed 1 alone (until 2026-12-06)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(self, "_last", lambda: None)() is namespace:  # already set in this parse
+            parser.error(f"{option_string}: given twice; give all its values after one {option_string}")
+        self._last = weakref.ref(namespace)
+        setattr(namespace, self.dest, values)
+
+
 def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
@@ -317,12 +329,12 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ..
         if "choices" in f.metadata and typ is not list and origin is not list:
             kw["choices"] = f.metadata["choices"]
         if "flag_parse" in f.metadata:
-            parser.add_argument(_flag(f.name), nargs="*", metavar=f.metadata.get("metavar"), **kw)
+            parser.add_argument(_flag(f.name), nargs="*", action=OnceList, metavar=f.metadata.get("metavar"), **kw)
         elif typ is bool:
             parser.add_argument(_flag(f.name), action=argparse.BooleanOptionalAction, **kw)
         elif origin in (list, tuple):
             (inner,) = typing.get_args(typ)[:1]
-            parser.add_argument(_flag(f.name), nargs="*", type=inner, **kw)
+            parser.add_argument(_flag(f.name), nargs="*", action=OnceList, type=inner, **kw)
         else:
             parser.add_argument(_flag(f.name), type=typ, **kw)
 

@@ -256,3 +256,26 @@ def test_a_key_set_twice_in_a_yaml_config_is_refused_and_a_byte_order_mark_is_re
     assert len(load_pairs(pairs)) == len(tiny_lm.make_pairs())
     (tmp_path / "c.json").write_bytes(b"\xef\xbb\xbf" + b'{"a": 1}')
     assert read_json(tmp_path / "c.json") == {"a": 1}
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--seeds", "0", "--seeds", "1"],
+    ["train", "--log-with", "tensorboard", "--log-with", "wandb"],
+    ["eval", "--trained", "sycophancy=authority", "--trained", "jailbreak=role_play"],
+    ["audit", "--methods", "k1", "--methods", "k2"],
+    ["mechanism", "runs/x", "--arms", "opct", "--arms", "bct"],
+])
+def test_a_list_flag_given_twice_is_refused_not_cut_to_its_last_list(capsys, argv):
+    """argparse keeps the last of two lists without a word: `--seeds 0 --seeds 1` ran seed 1 alone (until
+    2026-12-06). Once in each of two parses in one process is fine (the check is per parse)."""
+    from opct.cli import build_parser
+
+    flag = argv[-2]
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2
+    assert f"error: {flag}: given twice; give all its values after one {flag}" in capsys.readouterr().err
+    parser = build_parser()
+    once = argv[:-2]
+    for _ in range(2):
+        assert len(getattr(parser.parse_args(once), flag[2:].replace("-", "_"))) == 1

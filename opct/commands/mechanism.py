@@ -6,12 +6,13 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    from opct.config import positive_arg
+    from opct.config import OnceList, positive_arg
 
     p = sub.add_parser("mechanism", help="residual-stream change per layer and the similarity between methods",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("run", metavar="RUN", help="run directory (runs/<name>, holding experiment.json)")
-    p.add_argument("--arms", nargs="+", default=None, help="trained arms to probe (default: every trained arm)")
+    p.add_argument("--arms", nargs="+", action=OnceList, default=None,
+                   help="trained arms to probe (default: every trained arm)")
     p.add_argument("--n", type=positive_arg, default=64, help="perturbed prompts per axis and seed (default 64)")
     p.add_argument("--batch-size", type=positive_arg, default=32, help="prompts per forward pass (default 32)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
