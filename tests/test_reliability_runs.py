@@ -181,6 +181,28 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one_exactly(tmp_path, m
     assert "step-000003: adapter/adapter_model.safetensors is 100 bytes" in err
 
 
+@pytest.mark.parametrize("edit, why", [
+    ({"pairs_consumed": None}, "state.json's pairs_consumed is not an integer >= 0 (got null)"),
+    ({"step": -5}, "state.json's step is not an integer >= 1 (got -5)"),
+    ({"nan_steps": "x"}, "state.json's nan_steps is not an integer >= 0 (got \"x\")"),
+    ({"world_size": "1"}, "state.json's world_size is not an integer >= 1 (got \"1\")"),
+    ({"step": 7}, "state.json's step 7 is not this checkpoint's"),
+])
+def test_a_checkpoint_whose_state_json_is_broken_is_damaged(tmp_path, model_dir, pairs_file, capsys, edit, why):
+    """state.json is not in its own manifest: a missing counter stopped the resume with a KeyError traceback, and a
+    negative step re-ran steps from -4 and dropped every metrics line of the run."""
+    out = tmp_path / "run"
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
+    state = out / "checkpoints" / "step-000002" / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), **edit}))
+    capsys.readouterr()
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "3", "--save-every", "1", "--resume")) == 0
+    err = capsys.readouterr().err
+    assert f"checkpoint {state.parent} is damaged ({why}); moved it to damaged-step-000002 and resumed from " \
+           f"step-000001 instead" in err, err
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3]
+
+
 @pytest.mark.parametrize("how", ["a-file", "unlistable"])
 def test_checkpoints_that_cannot_be_listed_stop_a_resume_before_it_touches_the_metrics(tmp_path, model_dir,
                                                                                       pairs_file, capsys,
@@ -232,6 +254,18 @@ def test_a_resume_refuses_a_pairs_file_whose_contents_changed(tmp_path, model_di
     pairs.write_text("".join(reversed(original.splitlines(keepends=True))))
     _refused_until_restored(capsys, _train_args(model_dir, pairs, out), f"--pairs {pairs}", "data sets",
                             lambda: pairs.write_text(original))
+
+
+def test_a_resume_refuses_an_inputs_json_that_is_no_object(tmp_path, model_dir, pairs_file, capsys):
+    """An inputs.json holding no JSON object was read as "nothing recorded": the resume went on with any data set and
+    overwrote the record."""
+    out = tmp_path / "run"
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
+    (out / "inputs.json").write_text("[1]")
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, out, "--max-steps", "3", "--resume"))
+    assert err == f"opct: error: {out / 'inputs.json'}: not a record of the run's inputs (expected a JSON object); " \
+                  f"put the original back, or start a new run"
+    assert (out / "inputs.json").read_text() == "[1]"
 
 
 def test_a_resume_refuses_a_model_whose_weights_changed(tmp_path, model_dir, pairs_file, capsys):

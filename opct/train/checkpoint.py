@@ -22,6 +22,7 @@ with an error naming each checkpoint and what is wrong with it.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -166,6 +167,23 @@ class _Damaged(Exception):
     """A checkpoint that cannot be read back as written."""
 
 
+# state.json's counters and their least values: the loop continues from them (a missing one stopped the resume with
+# a KeyError; a negative step re-ran steps from below 1 and dropped every metrics line of the run)
+STATE_COUNTERS = {"step": 1, "world_size": 1, "pairs_consumed": 0, "nan_steps": 0, "consecutive_nan": 0}
+
+
+def _state_problem(state) -> str | None:
+    """What is wrong with a checkpoint's state.json (read as JSON), or None. It is not in the manifest (it holds it),
+    so an edit or a bit flip there shows only here."""
+    if not isinstance(state, dict):
+        return "state.json is not a JSON object"
+    for key, least in STATE_COUNTERS.items():
+        v = state.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < least:
+            return f"state.json's {key} is not an integer >= {least} (got {json.dumps(v)})"
+    return None
+
+
 def _read(path: Path, accelerator) -> dict:
     """Everything in checkpoint `path`, read into memory and checked; raises _Damaged saying what is wrong."""
     from safetensors.torch import load_file
@@ -176,8 +194,10 @@ def _read(path: Path, accelerator) -> dict:
         state = files.read_json(path / "state.json", "state")
     except OpctError as e:
         raise _Damaged(str(e)) from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or "world_size" not in state:
-        raise _Damaged("state.json lacks step / world_size")
+    if (problem := _state_problem(state)) is not None:
+        raise _Damaged(problem)
+    if path.name != f"{PREFIX}{state['step']:06d}":
+        raise _Damaged(f"state.json's step {state['step']} is not this checkpoint's")
     if state["world_size"] != accelerator.num_processes:  # not damage: the user's launch differs
         raise OpctError(f"{path}: written by {state['world_size']} process(es), resumed with "
                         f"{accelerator.num_processes}; resume with the same number so data order and RNG match")

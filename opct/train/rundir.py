@@ -58,7 +58,10 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
     inputs_path = out / "inputs.json"
     if resuming and inputs_path.exists():
         saved_inputs = files.read_json(inputs_path, "inputs")
-        changed = [k for k, v in inputs.items() if isinstance(saved_inputs, dict) and saved_inputs.get(k, v) != v]
+        if not isinstance(saved_inputs, dict):  # read as "nothing recorded", any data set continued the run
+            raise OpctError(f"{inputs_path}: not a record of the run's inputs (expected a JSON object); put the "
+                            f"original back, or start a new run")
+        changed = [k for k, v in inputs.items() if saved_inputs.get(k, v) != v]
         if changed:
             names = ", ".join(f"--{k.replace('_', '-')} {getattr(config, k)}" for k in changed)
             what = "data sets" if set(changed) <= {"pairs", "targets"} else "inputs"
