@@ -71,6 +71,9 @@ def test_train_flags_are_checked(capsys, tmp_path, flag, value, needle):
     ({"arms": {"topk": {"method": "opct", "estimator": "nope"}}}, "arms.topk.estimator: must be one of"),
     ({"arms": {"quick": {"method": "opct", "max_steps": 0}}}, "arms.quick.max_steps: must be >= 1"),
     ({"arms": {"x": {"method": "magic"}}}, "arms.x.method: unknown arm(s) magic"),
+    # `..` wrote its cells into OUT/<seed>/, outside the experiment (and its lock); `.` into the experiment's root
+    ({"arms": {"..": {"method": "base"}}}, "arms: an arm name must be a non-empty directory name (got '..')"),
+    ({"arms": [".", "opct"]}, "arms: an arm name must be a non-empty directory name (got '.')"),
     ({"trained": {"sycophancy": ["flattery"]}}, "trained.sycophancy: unknown flattery"),
     ({"trained": {"capability": []}}, "trained.capability: not an axis that trains on pairs"),
     ({"trained": "sycophancy"}, "trained: must be a mapping"),

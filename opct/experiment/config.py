@@ -170,7 +170,7 @@ def _normalise_arms(arms) -> dict:
         raise ConfigError("arms", "must name at least one arm")
     out = {}
     for name, spec in arms.items():
-        if not isinstance(name, str) or not name or "/" in name:
+        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):  # OUT/NAME/<arm>/<seed>
             raise ConfigError("arms", f"an arm name must be a non-empty directory name (got {name!r})")
         if spec is None:
             spec = {}
