@@ -274,3 +274,29 @@ def test_a_users_pair_training_a_family_the_experiment_holds_out_is_named_by_its
     with pytest.raises(DataError, match=rf"pairs.jsonl:{first + 1}: meta.family: sycophancy family 'authority' is "
                                         r"held out by the experiment's `trained`"):
         _user_pairs(path, {"sycophancy": ["suggested_answer"]})
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("arms", 5, "arms: expected a list of names, got 5"),
+    ("arms", [[1]], "arms: expected a list of names, got [[1]]"),
+    ("seeds", 5, "seeds: expected a list of integers, got 5"),
+    ("seeds", ["0"], "seeds: expected a list of integers, got ['0']"),
+    ("arm_specs", [1], "arm_specs: expected a mapping of arm name -> its settings, got [1]"),
+])
+def test_a_damaged_experiment_json_is_named_before_a_rerun_extends_it(tmp_path, capsys, key, value, needle):
+    """A rerun adds its arms and seeds to those of experiment.json: an arms, seeds or arm_specs there of another shape
+    stopped it with a TypeError traceback, or (seeds ["0"]) ran the cells and wrote ["0", 0] back."""
+    from opct.experiment.runner import _previous_experiment
+    from opct.report import load_run
+
+    root = tmp_path / "exp"
+    root.mkdir()
+    resolved = ExperimentConfig(name="exp", arms=["base"]).resolved("model")
+    path = root / "experiment.json"
+    path.write_text(json.dumps({**resolved, key: value}))
+    with pytest.raises(OpctError) as e:
+        _previous_experiment(root, resolved)
+    assert str(e.value) == f"{path}: {needle}"
+    with pytest.raises(OpctError) as e:  # and `opct report` says the same
+        load_run(root)
+    assert str(e.value) == f"{path}: {needle}"

@@ -78,6 +78,9 @@ def _previous_experiment(root: Path, resolved: dict) -> dict:
     old = read_json(path, "experiment")
     if not isinstance(old, dict):
         raise OpctError(f"{path}: not an experiment (expected a JSON object); delete it to start the experiment again")
+    from opct.report.rundir import check_lists
+
+    check_lists(old, path)  # what this run extends: garbage there was a TypeError traceback, or written back
     from opct.config import block_defaults
     from opct.evals.attack import AttackConfig
     from opct.evals.run import EvalConfig

@@ -94,6 +94,25 @@ def _seed_dirs(arm_dir: Path) -> list[int]:
         if arm_dir.is_dir() else []
 
 
+def check_lists(exp: dict, exp_path) -> None:
+    """The arms, seeds, arm_specs and trained of an experiment.json (those it has) are what `opct run` writes: an
+    OpctError naming the file and the key otherwise (`opct report` reads them; `opct run` extends them)."""
+    arms, seeds = exp.get("arms", []), exp.get("seeds", [])
+    if not isinstance(arms, list) or not all(isinstance(a, str) for a in arms):
+        raise OpctError(f"{exp_path}: arms: expected a list of names, got {arms!r}")
+    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise OpctError(f"{exp_path}: seeds: expected a list of integers, got {seeds!r}")
+    for key, xs in (("arms", arms), ("seeds", seeds)):  # counted twice, one cell made "2/2" and a zero-width interval
+        twice = sorted({x for x in xs if xs.count(x) > 1}, key=str)
+        if twice:
+            raise OpctError(f"{exp_path}: {key}: {', '.join(map(str, twice))} listed twice")
+    specs, trained = exp.get("arm_specs"), exp.get("trained")
+    if specs is not None and not (isinstance(specs, dict) and all(isinstance(v, dict) for v in specs.values())):
+        raise OpctError(f"{exp_path}: arm_specs: expected a mapping of arm name -> its settings, got {specs!r}")
+    if isinstance(trained, dict) and not all(isinstance(v, list) for v in trained.values()):
+        raise OpctError(f"{exp_path}: trained: expected a mapping of axis -> list of families, got {trained!r}")
+
+
 def load_run(run_dir) -> Run:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -108,22 +127,12 @@ def load_run(run_dir) -> Run:
     # arms and seeds come from the experiment; a hand-assembled run without them is read off the folders
     arms = exp.get("arms") or sorted(p.name for p in run_dir.iterdir()
                                      if p.is_dir() and _seed_dirs(p))
-    if not isinstance(arms, list) or not all(isinstance(a, str) for a in arms):
-        raise OpctError(f"{exp_path}: arms: expected a list of names, got {arms!r}")
+    check_lists({**exp, "arms": arms, "seeds": []}, exp_path)
     seeds = exp.get("seeds")
     if seeds is None:
         seeds = sorted({s for a in arms for s in _seed_dirs(run_dir / a)})
-    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise OpctError(f"{exp_path}: seeds: expected a list of integers, got {seeds!r}")
-    for key, xs in (("arms", arms), ("seeds", seeds)):  # counted twice, one cell made "2/2" and a zero-width interval
-        twice = sorted({x for x in xs if xs.count(x) > 1}, key=str)
-        if twice:
-            raise OpctError(f"{exp_path}: {key}: {', '.join(map(str, twice))} listed twice")
+    check_lists({**exp, "arms": arms, "seeds": seeds}, exp_path)
     specs, trained = exp.get("arm_specs"), exp.get("trained")
-    if specs is not None and not (isinstance(specs, dict) and all(isinstance(v, dict) for v in specs.values())):
-        raise OpctError(f"{exp_path}: arm_specs: expected a mapping of arm name -> its settings, got {specs!r}")
-    if isinstance(trained, dict) and not all(isinstance(v, list) for v in trained.values()):
-        raise OpctError(f"{exp_path}: trained: expected a mapping of axis -> list of families, got {trained!r}")
 
     cells, missing, failed = {}, [], []
     for arm in arms:
