@@ -5,6 +5,7 @@
                                     (cpu_matmul: `auto` is whichever backend it picks on this machine)
   block_defaults(saved, **blocks), defaults_of(cls)   what a field missing from a saved config counts as
   restart_allowed(root, settings, changed)   other settings are fine where nothing was run with the saved ones
+  check_extended(saved, path, **shapes)      the lists and mappings a rerun extends have the shape it wrote
 """
 
 from __future__ import annotations
@@ -94,3 +95,27 @@ def restart_allowed(root, settings: str, changed: list[str]) -> bool:
     print(f"opct: note: {root}: nothing was run with its earlier settings; starting again with these "
           f"({', '.join(changed)})", file=sys.stderr)
     return True
+
+
+# What check_extended accepts for each shape: a list of seeds, a list of names, a JSON object, one of JSON objects.
+_SHAPES = {
+    "seeds": ("a list of integers", lambda v: isinstance(v, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) for x in v)),
+    "names": ("a list of names", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "mapping": ("a mapping", lambda v: isinstance(v, dict)),
+    "mappings": ("a mapping of names to settings", lambda v: isinstance(v, dict) and all(
+        isinstance(x, dict) for x in v.values())),
+}
+
+
+def check_extended(saved: dict, path, **shapes: str) -> None:
+    """The saved settings a rerun extends (the seeds, arms or methods it adds to, the mappings it merges), as the run
+    wrote them: `shapes` maps a key to "seeds", "names", "mapping" or "mappings". A key of another shape (a
+    hand-edited or damaged file) is an OpctError naming the file and the key, where the rerun stopped with a
+    TypeError traceback, or ran its cells and wrote the mix back."""
+    from opct.errors import OpctError
+
+    for key, shape in shapes.items():
+        want, ok = _SHAPES[shape]
+        if key in saved and not ok(saved[key]):
+            raise OpctError(f"{path}: {key}: expected {want}, got {_short(saved[key])}")

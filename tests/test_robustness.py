@@ -309,3 +309,19 @@ def test_a_partial_run_lists_its_unfinished_cells(tmp_path):
     assert "**Missing (3 cells, not in the numbers below):**" in md
     assert "- replay seed 1: not finished (no rows.json)" in md and "- washout seed 0: not finished" in md
     assert "<li>washout seed 1: not finished (no rows.json)</li>" in html_path.read_text()
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("seeds", ["0"], "seeds: expected a list of integers, got ['0']"),
+    ("studies", {"replay": 3}, "studies: expected a mapping of names to settings, got {'replay': 3}"),
+])
+def test_a_damaged_study_json_is_named_before_a_rerun_extends_it(tmp_path, key, value, needle):
+    """A rerun adds its seeds and studies to those of study.json: another shape there stopped it with a TypeError
+    traceback, or ran the cells and wrote the mix back."""
+    from opct.robustness.runner import _previous
+
+    path = tmp_path / "study.json"
+    path.write_text(json.dumps({"kind": "robustness", key: value}))
+    with pytest.raises(OpctError) as e:
+        _previous(tmp_path, {})
+    assert str(e.value) == f"{path}: {needle}"

@@ -272,3 +272,20 @@ def test_matrix_clips_deltas_by_the_metrics_range_not_by_the_values_seen(tmp_pat
         seen = [0.95, 0.0, 0.75, 0.9]
         assert (cell[name]["value"], cell[name]["lo"], cell[name]["hi"]) == pytest.approx(
             t_interval([0.95, -0.15], *difference_range(name, seen)))
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("seeds", 5, "seeds: expected a list of integers, got 5"),
+    ("methods", [["opct"]], "methods: expected a list of names, got [['opct']]"),
+    ("trained", ["persona"], "trained: expected a mapping, got ['persona']"),
+])
+def test_a_damaged_threats_json_is_named_before_a_rerun_extends_it(tmp_path, key, value, needle):
+    """A rerun adds its seeds, threats and methods to those of threats.json and merges its mappings: another shape
+    there stopped it with a TypeError traceback."""
+    from opct.threats.runner import SETTINGS, _previous
+
+    path = tmp_path / SETTINGS
+    path.write_text(json.dumps({"kind": "threats", "seeds": [0], key: value}))
+    with pytest.raises(OpctError) as e:
+        _previous(tmp_path, {})
+    assert str(e.value) == f"{path}: {needle}"

@@ -20,6 +20,7 @@ from typing import ClassVar
 from opct.config import SEED, ConfigError, changes, construct, option, restart_allowed, validate
 from opct.errors import OpctError
 from opct.files import read_json, write_json_atomic
+from opct.resume_check import check_extended
 
 KIND = "robustness"
 KEY = ("study", "method", "axis", "condition", "x", "metric")
@@ -160,6 +161,7 @@ def _previous(root: Path, resolved: dict) -> dict:
     old = read_json(path, "robustness study")
     if not isinstance(old, dict) or old.get("kind") != KIND:
         raise OpctError(f"{path}: not a robustness study's settings; use another --name or delete {root}")
+    check_extended(old, path, seeds="seeds", studies="mappings")  # what this run extends
     changed = changes({k: v for k, v in old.items() if k != "studies"},
                       {k: v for k, v in resolved.items() if k != "studies"},
                       ("seeds", "name", "out", "note", "report", "threads", "progress", "model_dir"))

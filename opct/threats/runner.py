@@ -15,6 +15,7 @@ from pathlib import Path
 from opct.config import block_defaults, changes, restart_allowed
 from opct.errors import OpctError
 from opct.files import read_json, write_json_atomic
+from opct.resume_check import check_extended
 from opct.threats.config import KIND, ThreatsConfig, no_signal_methods
 
 SETTINGS = "threats.json"
@@ -42,6 +43,8 @@ def _previous(root: Path, now: dict) -> dict:
     old = read_json(path, "threats run")
     if not isinstance(old, dict) or old.get("kind") != KIND:
         raise OpctError(f"{path}: not a threats run's settings; use another --name or delete {root}")
+    check_extended(old, path, seeds="seeds", threats="names", methods="names", trained="mapping",
+                   method_train="mapping", no_signal="mapping")  # what this run extends
     from opct.evals.run import EvalConfig
     from opct.train.config import TrainConfig
 
