@@ -268,6 +268,19 @@ def test_a_resume_refuses_an_inputs_json_that_is_no_object(tmp_path, model_dir, 
     assert (out / "inputs.json").read_text() == "[1]"
 
 
+def test_a_resume_with_fewer_steps_than_its_checkpoint_is_refused(tmp_path, model_dir, pairs_file, capsys):
+    """Resumed with --max-steps below its latest checkpoint's step, a run said "done" with the checkpoint's weights in
+    final/ and a config.json saying fewer steps than it had trained."""
+    out = tmp_path / "run"
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
+    config = (out / "config.json").read_text()
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, out, "--max-steps", "1", "--resume"))
+    assert err == f"opct: error: {out}: its latest checkpoint (step-000002) is past the 1 steps this resume asks for " \
+                  f"(--max-steps 1); resume with --max-steps 2 or more, or start a new run"
+    assert (out / "config.json").read_text() == config
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--resume")) == 0  # finished: as it was
+
+
 def test_a_resume_refuses_a_model_whose_weights_changed(tmp_path, model_dir, pairs_file, capsys):
     """The model used to be compared by path only: other weights at the old path continued the run on them, silently
     (the LoRA adapter trained on one base, resumed on another)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from opct import files
 from opct.config import changes, defaults_of
 from opct.errors import OpctError
-from opct.train.checkpoint import checkpoints, latest_checkpoint, write_json_atomic
+from opct.train.checkpoint import PREFIX, checkpoints, latest_checkpoint, write_json_atomic
 from opct.train.config import RESUMABLE_CHANGES, TrainConfig
 
 
@@ -33,9 +33,10 @@ def _same_file(saved: str, now: str, saved_out: str, now_out: str) -> bool:
         os.path.relpath(os.path.abspath(now), os.path.abspath(now_out))
 
 
-def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
-    """Refuse to overwrite a run, or to resume one with another configuration; a run without a checkpoint (killed
-    before its first) is started over when resumed. `out` itself may differ from the one recorded (a moved run)."""
+def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: int = 1) -> None:
+    """Refuse to overwrite a run, or to resume one with another configuration, or to resume one already past the
+    steps asked for; a run without a checkpoint (killed before its first) is started over when resumed. `out` itself
+    may differ from the one recorded (a moved run). `processes`: how many train it (the replay plan's steps)."""
     saved_path = out / "config.json"
     if not config.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").exists()):
         raise OpctError(f"{out}: already holds a run; pass --resume to continue it, or choose another --out")
@@ -50,6 +51,17 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool) -> None:
         if diff:
             raise OpctError(f"{out}: cannot resume with a different configuration; changed: " + ", ".join(diff))
     resuming = config.resume and bool(checkpoints(out))  # a run with a checkpoint to continue from
+    latest = latest_checkpoint(out) if resuming else None
+    if latest is not None:  # else "done" with the checkpoint's weights, and config.json saying fewer steps
+        from opct.train import replay
+
+        plan = replay.plan(config, processes)
+        total = plan.total_steps if plan else config.max_steps
+        step = int(latest.name[len(PREFIX):]) if latest.name[len(PREFIX):].isdigit() else 0
+        if step > total:
+            raise OpctError(f"{out}: its latest checkpoint ({latest.name}) is past the {total} steps this resume "
+                            f"asks for (--max-steps {config.max_steps}); resume with --max-steps {step} or more, or "
+                            f"start a new run")
     if resuming and not saved_path.exists():
         raise OpctError(f"{saved_path}: missing, though {out} holds checkpoints: the configuration this run was "
                         f"started with cannot be checked against this one (a resume with other hyperparameters "
