@@ -382,6 +382,18 @@ def test_cli_prints_summary_and_writes_out_dir(tmp_path, capsys):
                                               "`opct report` reads a run directory written by `opct run`"
 
 
+@pytest.mark.parametrize("where", ["file", "file/sub"])
+def test_an_out_that_is_a_file_is_named_as_one(tmp_path, capsys, where):
+    """`--out FILE` said "cannot write the report: File exists", and a file for a parent "Not a directory"."""
+    run = single_seed_run(tmp_path)
+    (tmp_path / "file").write_text("kept\n")
+    out = tmp_path / where
+    assert main(["report", str(run), "--out", str(out)]) == 1
+    assert capsys.readouterr().err.strip() == f"opct: error: {out}: cannot write the report: {tmp_path / 'file'} " \
+                                              f"is a file, not a directory"
+    assert (tmp_path / "file").read_text() == "kept\n"
+
+
 # ------------------------------------------------------------------------------------------------ the HTML file
 
 def data_pngs(html):
