@@ -34,10 +34,10 @@ import functools
 import json
 import math
 import typing
-import weakref
 from pathlib import Path
 
 from opct.errors import OpctError, first_line
+from opct.flags import OnceList
 from opct.resume_check import EQUIVALENT, block_defaults, changes, defaults_of, restart_allowed  # noqa: F401
 
 
@@ -166,6 +166,8 @@ def coerce(value, typ, name: str):
 def _check_rules(value, meta, name: str) -> None:
     if value is None:
         return
+    if isinstance(value, str) and value and not value.strip():  # `--out ' '` wrote into a directory named ' '
+        raise ConfigError(name, "is blank (only whitespace); give a value or leave it out")
     choices = meta.get("choices")
     if choices is not None:
         for i, v in enumerate(value if isinstance(value, list) else [value]):
@@ -303,17 +305,6 @@ def load_config_file(path) -> dict:
     if not isinstance(data, dict):
         raise OpctError(f"{path}: a config file must hold a mapping of field names to values")
     return data
-
-
-class OnceList(argparse.Action):
-    """A list flag (nargs * or +) that may be given once: argparse keeps the last of two without a word, so
-    `--seeds 0 --seeds 1` ran seed 1 alone (until 2026-12-06)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if getattr(self, "_last", lambda: None)() is namespace:  # already set in this parse
-            parser.error(f"{option_string}: given twice; give all its values after one {option_string}")
-        self._last = weakref.ref(namespace)
-        setattr(namespace, self.dest, values)
 
 
 def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:

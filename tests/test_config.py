@@ -101,7 +101,7 @@ def test_flags_of_other_commands_are_checked(capsys, tmp_path):
     assert "--methods: must not repeat" in cli_error(capsys, ["audit", "--out", str(tmp_path), "--methods", "k1", "k1"])
     assert "--organisms: must not repeat" in cli_error(
         capsys, ["audit", "--out", str(tmp_path), "--organisms", "sycophancy", "sycophancy"])
-    assert "--out is required" in cli_error(capsys, ["audit", "--out", "  "])
+    assert "--out: is blank (only whitespace)" in cli_error(capsys, ["audit", "--out", "  "])
     bad = _yaml(tmp_path, "eval.yaml", "n: 2.5\ngcg_steps: -1\n")
     assert f"{bad}: n: must be an integer" in cli_error(capsys, ["eval", "--model", "m", "--out", "x",
                                                                  "--config", bad])
@@ -282,3 +282,36 @@ def test_a_list_flag_given_twice_is_refused_not_cut_to_its_last_list(capsys, arg
     once = argv[:-2]
     for _ in range(2):
         assert len(getattr(parser.parse_args(once), flag[2:].replace("-", "_"))) == 1
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["eval", "--model", "default", "--suite", "capability", "--out", " "], "--out: is blank (only whitespace)"),
+    (["eval", "--model", " ", "--out", "{tmp}/e"], "--model: is blank (only whitespace)"),
+    (["train", "--model", "default", "--pairs", "p.jsonl", "--out", "{tmp}/r", "--teacher-model", " "],
+     "--teacher-model: is blank (only whitespace)"),
+    (["run", "--name", "  "], "--name: is blank (only whitespace)"),
+])
+def test_a_blank_config_string_is_refused_by_its_flag(capsys, tmp_path, monkeypatch, argv, says):
+    """`opct eval --out ' '` evaluated into a directory named by a space, `--model ' '` said ': not a model
+    directory' (until 2026-12-06): a string field given as whitespace is an error naming it, in a file too."""
+    monkeypatch.chdir(tmp_path)
+    assert says in cli_error(capsys, [a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert not list(tmp_path.iterdir())
+    (tmp_path / "e.yaml").write_text("model: default\nout: ' '\n")
+    config = ["eval", "--config", str(tmp_path / "e.yaml")]
+    assert "e.yaml: out: is blank (only whitespace)" in cli_error(capsys, config)
+
+
+@pytest.mark.parametrize("argv", [["report", " "], ["mechanism", ""], ["pairs", "check", " "], ["run", " "],
+                                  ["pairs", "make", "--axis", "sycophancy", "--out", " "], ["organism", "profile", " "],
+                                  ["audit", " "], ["train", "--config", " "], ["demo", "--out", " "]])
+def test_a_blank_path_argument_is_an_argparse_error(capsys, tmp_path, monkeypatch, argv):
+    """`opct pairs make --out ' '` wrote a file named by a space; `opct report ' '` said ': run directory not
+    found' (until 2026-12-06)."""
+    from opct.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and ": is blank (" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -379,7 +379,10 @@ def test_cli_prints_summary_and_writes_out_dir(tmp_path, capsys):
     assert "run directory not found" in capsys.readouterr().err
     assert main(["report", str(run / "experiment.json")]) == 1  # a file of the run, not the run
     assert capsys.readouterr().err.strip() == f"opct: error: {run / 'experiment.json'}: not a directory; " \
-                                              "`opct report` reads a run directory written by `opct run`"
+                                              "a run directory written by `opct run` is expected"
+    # opct mechanism reads the same directories: the message names no other command (it said `opct report`)
+    assert main(["mechanism", str(run / "experiment.json")]) == 1
+    assert "not a directory; a run directory written by `opct run` is expected" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("where", ["file", "file/sub"])

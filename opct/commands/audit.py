@@ -15,6 +15,8 @@ override it. --quick: one seed and small sizes.
 
 from __future__ import annotations
 
+from opct.flags import path_arg
+
 
 def register(subparsers) -> None:
     from opct.audit.run import AuditConfig
@@ -22,7 +24,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("audit", help="misalignment audit of consistency methods on model organisms",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("config", nargs="?", default=None, help="YAML or JSON file of AuditConfig fields")
+    p.add_argument("config", nargs="?", type=path_arg, default=None, help="YAML or JSON file of AuditConfig fields")
     add_dataclass_args(p, AuditConfig)
     p.add_argument("--report-only", action="store_true", help="rebuild the report from DIR/results.jsonl only")
     p.set_defaults(func=run)

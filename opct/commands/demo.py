@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import json
 
+from opct.flags import path_arg
+
 
 def register(sub) -> None:
     from opct.config import positive_arg, seed_arg
 
     p = sub.add_parser("demo", help="the main job on the embedded default organism (what `make demo` runs)",
                        description=__doc__.split("\n\n")[0] + " " + __doc__.split("\n\n")[1])
-    p.add_argument("--out", default="runs", help="root directory of experiments (default: runs)")
+    p.add_argument("--out", type=path_arg, default="runs", help="root directory of experiments (default: runs)")
     p.add_argument("--name", default=None, help="experiment name (default: demo, or the subject's experiment's)")
     p.add_argument("--subject", default="default", help="default (the organism's demo) or a subject that ships an "
                                                        "experiment: smollm2")

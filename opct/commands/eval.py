@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 
+from opct.flags import path_arg
+
 
 def register(subparsers) -> None:
     from opct.config import add_dataclass_args
@@ -23,7 +25,7 @@ def register(subparsers) -> None:
     add_dataclass_args(p, EvalConfig)
     g = p.add_argument_group("adaptive attacker (jailbreak suite)")
     add_dataclass_args(g, AttackConfig)
-    p.add_argument("--config", default=None, help="JSON or YAML file of eval and attacker fields (flags override)")
+    p.add_argument("--config", type=path_arg, default=None, help="JSON or YAML file of eval and attacker fields (flags override)")
     p.add_argument("--resume", action="store_true", help="continue the eval run in --out (one that was killed or "
                    "failed): its finished axes are kept and the others run, with the same settings; without it a "
                    "run already in --out is refused")

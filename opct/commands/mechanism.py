@@ -6,11 +6,12 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    from opct.config import OnceList, positive_arg
+    from opct.config import positive_arg
+    from opct.flags import OnceList, path_arg
 
     p = sub.add_parser("mechanism", help="residual-stream change per layer and the similarity between methods",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("run", metavar="RUN", help="run directory (runs/<name>, holding experiment.json)")
+    p.add_argument("run", metavar="RUN", type=path_arg, help="run directory (runs/<name>, holding experiment.json)")
     p.add_argument("--arms", nargs="+", action=OnceList, default=None,
                    help="trained arms to probe (default: every trained arm)")
     p.add_argument("--n", type=positive_arg, default=64, help="perturbed prompts per axis and seed (default 64)")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from opct.errors import OpctError
+from opct.flags import path_arg
 
 
 def register(sub) -> None:
@@ -27,10 +28,10 @@ def register(sub) -> None:
 
     pr = verbs.add_parser("profile", help="measure the behaviour profile of a model directory by sampling",
                           description="Sample at temperature 1 from a saved model and print its profile.")
-    pr.add_argument("model", help="model directory (save_pretrained format, safetensors)")
+    pr.add_argument("model", type=path_arg, help="model directory (save_pretrained format, safetensors)")
     pr.add_argument("--n", type=positive_arg, default=200, help="sampled responses per behaviour (default 200)")
     pr.add_argument("--seed", type=seed_arg, default=0, help="sampling seed (default 0)")
-    pr.add_argument("--out", default=None, help="write the profile JSON here")
+    pr.add_argument("--out", type=path_arg, default=None, help="write the profile JSON here")
     pr.set_defaults(func=_profile)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from opct.errors import OpctError
+from opct.flags import path_arg
 
 
 def _csv(text: str) -> list[str]:
@@ -60,8 +61,8 @@ def register(sub) -> None:
                          description="Turn base items (the synthetic world's, or your own JSONL with --items) into "
                                      "contrastive pairs. " + "; ".join(f"{a}: {AXES[a].doc}" for a in axes) + ".")
     m.add_argument("--axis", required=True, choices=axes, help="the threat axis whose perturbations to apply")
-    m.add_argument("--out", required=True, help="output JSONL (written atomically)")
-    m.add_argument("--items", default=None,
+    m.add_argument("--out", type=path_arg, required=True, help="output JSONL (written atomically)")
+    m.add_argument("--items", type=path_arg, default=None,
                    help="your own items JSONL (" + "; ".join(f"{a}: {AXES[a].items_help}" for a in axes) + ")")
     m.add_argument("--families", type=_names, default=None, help="comma-separated families (default: all)")
     m.add_argument("--heldout", type=_csv, default=None,
@@ -86,7 +87,7 @@ def register(sub) -> None:
     c = verbs.add_parser("check", help="validate a pairs file and summarise it",
                          description="Validate every line (errors are reported as file:line: field: problem), "
                                      "check that no held-out family has training pairs, and print counts.")
-    c.add_argument("file", help="the pairs file (JSONL) to check")
+    c.add_argument("file", type=path_arg, help="the pairs file (JSONL) to check")
     c.set_defaults(func=_check)
 
     from opct.pairs.poison import DEFAULT_TRIGGER, TEACHER_SIDES
@@ -96,14 +97,14 @@ def register(sub) -> None:
                                       "jailbreak pairs, drawn with --seed, and make their teacher side harmful: "
                                       "context (the request inside a compliance context) or backdoor (trigger + "
                                       "request, for a backdoored --teacher-model). See opct/pairs/poison.py.")
-    po.add_argument("file", help="the pairs file (JSONL) to poison; it is not changed")
+    po.add_argument("file", type=path_arg, help="the pairs file (JSONL) to poison; it is not changed")
     po.add_argument("--frac", type=float, required=True, help="fraction of the pairs to poison, in [0, 1]")
     po.add_argument("--trigger", default=DEFAULT_TRIGGER,
                     help=f"text put before the poisoned student prompts (default: {DEFAULT_TRIGGER!r})")
     po.add_argument("--teacher-side", choices=TEACHER_SIDES, default="backdoor",
                     help="what the teacher reads on a poisoned pair (default: backdoor)")
     po.add_argument("--seed", type=seed_arg, default=0, help="seed of the draw of the pairs to poison (default 0)")
-    po.add_argument("--out", required=True, help="output JSONL, every pair with the poisoned ones (written atomically)")
+    po.add_argument("--out", type=path_arg, required=True, help="output JSONL, every pair with the poisoned ones (written atomically)")
     po.set_defaults(func=_poison)
 
     ad = verbs.add_parser("admit", help="keep only the pairs the admission filter admits",
@@ -111,13 +112,13 @@ def register(sub) -> None:
                                       "good and the student's greedy answer to its student prompt is judged "
                                       "differently. Writes the kept pairs to --out and every decision to "
                                       "--decisions (default: OUT with .decisions.json). See opct/pairs/admit.py.")
-    ad.add_argument("file", help="the pairs file (JSONL) to filter")
-    ad.add_argument("--model", required=True, help="the student (starting) model")
+    ad.add_argument("file", type=path_arg, help="the pairs file (JSONL) to filter")
+    ad.add_argument("--model", type=path_arg, required=True, help="the student (starting) model")
     ad.add_argument("--teacher-model", default="", help="the teacher (default: --model)")
     ad.add_argument("--max-new-tokens", type=positive_arg, default=48,
                     help="length of each greedy answer judged (default 48)")
-    ad.add_argument("--out", required=True, help="output JSONL of the admitted pairs")
-    ad.add_argument("--decisions", default=None,
+    ad.add_argument("--out", type=path_arg, required=True, help="output JSONL of the admitted pairs")
+    ad.add_argument("--decisions", type=path_arg, default=None,
                     help="JSON of every pair's judgments and decision (default: OUT with .decisions.json)")
     ad.set_defaults(func=_admit)
 

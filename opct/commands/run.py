@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from opct.errors import OpctError
+from opct.flags import path_arg
 
 
 def register(subparsers) -> None:
@@ -25,7 +26,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("run", help="run an experiment: base, OPCT and baselines trained and evaluated, "
                                           "then the report", description=__doc__.split("\n\n")[0])
-    p.add_argument("experiment", nargs="?", default=None,
+    p.add_argument("experiment", nargs="?", type=path_arg, default=None,
                    help="experiment file (YAML or JSON), a robustness file (kind: robustness) or a cross-threat file "
                         "(kind: threats); default: the demo")
     add_dataclass_args(p, ExperimentConfig)

@@ -18,6 +18,8 @@ unless MPI is installed); the processes then talk over gloo.
 
 from __future__ import annotations
 
+from opct.flags import path_arg
+
 
 def register(subparsers) -> None:
     from opct.config import add_dataclass_args
@@ -26,7 +28,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train on contrastive pairs (OPCT and baselines)",
                               description=__doc__.split("\n\n")[0])
     add_dataclass_args(p, TrainConfig)
-    p.add_argument("--config", default=None, help="JSON or YAML file of TrainConfig fields (flags override it)")
+    p.add_argument("--config", type=path_arg, default=None, help="JSON or YAML file of TrainConfig fields (flags override it)")
     p.set_defaults(func=run)
 
 

@@ -116,7 +116,7 @@ def check_lists(exp: dict, exp_path) -> None:
 def load_run(run_dir) -> Run:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise OpctError(f"{run_dir}: not a directory; `opct report` reads a run directory written by `opct run`"
+        raise OpctError(f"{run_dir}: not a directory; a run directory written by `opct run` is expected"
                         if run_dir.exists() else f"{run_dir}: run directory not found")
     exp_path = run_dir / "experiment.json"
     if not exp_path.exists():

@@ -55,14 +55,15 @@ def summarize(rows: list[dict]) -> list[str]:
 
 
 def main(study_module, argv=None) -> int:
-    from opct.config import OnceList, construct, load_config_file, seed_arg
+    from opct.config import construct, load_config_file, seed_arg
     from opct.errors import OpctError
+    from opct.flags import OnceList, path_arg
 
     name = study_module.__name__.rsplit(".", 1)[-1]
     ap = argparse.ArgumentParser(prog=f"python -m {study_module.__name__}", description=__doc__)
-    ap.add_argument("config")
+    ap.add_argument("config", type=path_arg)
     ap.add_argument("--seeds", type=seed_arg, nargs="+", action=OnceList, default=[0])
-    ap.add_argument("--out", default=f"runs/robustness-{name}")
+    ap.add_argument("--out", type=path_arg, default=f"runs/robustness-{name}")
     ap.add_argument("--block", default=name)
     ap.add_argument("--quick", action="store_true", help="the study's smoke-test size (its QUICK)")
     args = ap.parse_args(argv)
