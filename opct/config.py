@@ -2,9 +2,10 @@
 loader reads every config file (train, eval, attack, experiment, audit).
 
   option(default, help, **rules)    a field, with its help text and the rules its value must meet:
-                                    choices=[...], ge= / gt= / le= bounds, nonempty=True, required=True (checked by
-                                    `require`), cli=False (not a flag), file=False (a flag only, never from a file),
-                                    flag_parse=fn (turns the flag's list of strings into the value)
+                                    choices=[...], ge= / gt= / le= bounds, nonempty=True, device=True (a torch
+                                    device string), required=True (checked by `require`), cli=False (not a flag),
+                                    file=False (a flag only, never from a file), flag_parse=fn (turns the flag's list
+                                    of strings into the value)
   validate(obj)                     every config's __post_init__ calls it: each field's value is coerced to its
                                     declared type and checked against its rules; a problem raises ConfigError
   build_config(cls, args, path, data, **overrides)   defaults < file < given flags < overrides, reported as
@@ -186,6 +187,13 @@ def _check_rules(value, meta, name: str) -> None:
                     raise ConfigError(where, f"must be {word} {meta[key]} (got {v})")
     if meta.get("nonempty") and not value:
         raise ConfigError(name, "must not be empty")
+    if meta.get("device") and isinstance(value, str):  # whether this machine has it is checked where it is used
+        import torch
+
+        try:
+            torch.device(value)
+        except (RuntimeError, TypeError) as e:
+            raise ConfigError(name, f"{value!r} is not a torch device ({first_line(e)})") from None
 
 
 @functools.lru_cache(maxsize=None)

@@ -224,8 +224,13 @@ def test_device_cuda_without_cuda(tmp_path, capsys):
     err = cli_error(capsys, _eval(tiny_lm.model_dir(), tmp_path / "e", "--device", "cuda"))
     assert err.startswith("opct: error: --device cuda: CUDA is not available")
     assert not (tmp_path / "e").exists()  # refused before anything was written
-    assert "--device banana: not a torch device" in cli_error(capsys, _eval(tiny_lm.model_dir(), tmp_path / "e",
-                                                                              "--device", "banana"))
+    assert "--device: 'banana' is not a torch device" in cli_error(capsys, _eval(tiny_lm.model_dir(), tmp_path / "e",
+                                                                                 "--device", "banana"))
+    # in a file, the file and the field (it named eval.device without the file until 2026-12-06)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"model: {tiny_lm.model_dir()}\nout: {tmp_path / 'runs'}\neval: {{device: banana}}\n")
+    assert f"{bad}: eval.device: 'banana' is not a torch device" in cli_error(capsys, ["run", str(bad)])
+    assert not (tmp_path / "runs").exists()
     # an experiment file's device is named as the file spells it, and so is the fix
     exp = tmp_path / "exp.yaml"
     exp.write_text(f"model: {tiny_lm.model_dir()}\nout: {tmp_path / 'runs'}\neval: {{device: cuda}}\n")
@@ -266,7 +271,7 @@ def test_a_library_error_without_a_message_is_still_one_line(model_copy, tmp_pat
         needle = "cannot load model or tokenizer (RuntimeError)"
     else:
         monkeypatch.setattr(torch, "device", raise_empty)
-        extra, needle = ["--device", "cpu"], "--device cpu: not a torch device (RuntimeError)"
+        extra, needle = ["--device", "cpu"], "--device: 'cpu' is not a torch device (RuntimeError)"
     err = cli_error(capsys, _eval(model_copy(), tmp_path / "e", *extra))
     assert needle in err
 

@@ -113,7 +113,7 @@ class EvalConfig:
     lm_eval_chat_template: bool = option(True, "lm-eval: render every request with the model's chat template")
     lm_eval_limit: Optional[int] = option(None, "lm-eval: documents per task (default: all)", ge=1)
     dtype: str = option("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
-    device: str = option("cpu", "torch device")
+    device: str = option("cpu", "torch device", device=True)
     threads: Optional[int] = option(None, "CPU threads for torch (default: 1 for models under 100M parameters on "
                                           "the CPU, else torch's own choice)", ge=1)
     trust_remote_code: bool = option(False, "run the model directory's own Python code (a flag only: never from a "
