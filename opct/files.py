@@ -68,6 +68,12 @@ def write_atomic(path, chunks: str | Iterable[str]) -> Path:
     return path
 
 
+def is_dir_name(name) -> bool:
+    """Whether `name` is one directory inside its parent (an experiment's, a study's or an arm's folder): a non-empty
+    string without '/' or NUL that is not '.' or '..' (an arm '..' wrote its cells outside the experiment)."""
+    return isinstance(name, str) and bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
 def check_writable(path) -> None:
     """Raise the error that `write_atomic(path, ...)` would meet (a directory at `path`, a file where a directory
     belongs, no permission, a read-only disk), naming `path`: a command checks its outputs with this before the work

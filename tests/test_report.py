@@ -327,6 +327,19 @@ def test_a_seed_or_arm_listed_twice_is_an_error_not_a_second_cell(tmp_path, fiel
         load_run(run)
 
 
+@pytest.mark.parametrize("arm", ["../base", "..", "."])
+def test_an_arm_that_is_no_folder_name_is_an_error_not_a_read_outside_the_run(tmp_path, arm):
+    """experiment.json with arms ["../base"] read the cells of a folder beside the run directory (a hand-edited
+    file; `opct run` refuses such names, with the same rule, opct.files.is_dir_name)."""
+    run = make_run(tmp_path, {**EXPERIMENT, "arms": ["base"]}, {("base", 0): BASE_METRICS})
+    outside = run.parent / "base" / "0"  # what "../base" names
+    outside.mkdir(parents=True)
+    (outside / "done.json").write_text((run / "base" / "0" / "done.json").read_text())
+    (run / "experiment.json").write_text(json.dumps({**EXPERIMENT, "arms": [arm]}))
+    with pytest.raises(OpctError, match=re.escape(f"{run / 'experiment.json'}: arms: {arm!r} is no arm's folder")):
+        load_run(run)
+
+
 @pytest.mark.parametrize("field, value", [("arm_specs", ["base"]), ("arm_specs", {"base": "base"}),
                                           ("trained", {"sycophancy": "suggested_answer"})])
 def test_experiment_fields_of_the_wrong_shape_name_the_file(tmp_path, capsys, field, value):

@@ -38,6 +38,7 @@ from opct.config import SEED, ConfigError, construct, option, validate
 from opct.errors import OpctError
 from opct.evals.attack import AttackConfig
 from opct.evals.run import EvalConfig, check_pair_options, check_trained, parse_trained
+from opct.files import is_dir_name
 from opct.trackers import PACKAGES as TRACKERS
 from opct.train.config import TrainConfig
 
@@ -125,7 +126,7 @@ class ExperimentConfig:
             if isinstance(getattr(self, fname), dict):
                 setattr(self, fname, construct(cls, getattr(self, fname), fname, reserved))
         validate(self)
-        if not self.name or "/" in self.name or self.name in (".", ".."):
+        if not is_dir_name(self.name):
             raise ConfigError("name", f"must be a non-empty directory name (got {self.name!r})")
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("seeds", "arms and seeds must not repeat")
@@ -170,7 +171,7 @@ def _normalise_arms(arms) -> dict:
         raise ConfigError("arms", "must name at least one arm")
     out = {}
     for name, spec in arms.items():
-        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):  # OUT/NAME/<arm>/<seed>
+        if not is_dir_name(name):  # OUT/NAME/<arm>/<seed>
             raise ConfigError("arms", f"an arm name must be a non-empty directory name (got {name!r})")
         if spec is None:
             spec = {}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opct.errors import DataError, OpctError
-from opct.files import read_appended_jsonl, read_json
+from opct.files import is_dir_name, read_appended_jsonl, read_json
 
 
 @dataclass
@@ -100,6 +100,9 @@ def check_lists(exp: dict, exp_path) -> None:
     arms, seeds = exp.get("arms", []), exp.get("seeds", [])
     if not isinstance(arms, list) or not all(isinstance(a, str) for a in arms):
         raise OpctError(f"{exp_path}: arms: expected a list of names, got {arms!r}")
+    bad = [a for a in arms if not is_dir_name(a)]  # '../x' read cells outside the run directory
+    if bad:
+        raise OpctError(f"{exp_path}: arms: {bad[0]!r} is no arm's folder name (an arm name is one directory)")
     if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise OpctError(f"{exp_path}: seeds: expected a list of integers, got {seeds!r}")
     for key, xs in (("arms", arms), ("seeds", seeds)):  # counted twice, one cell made "2/2" and a zero-width interval
@@ -132,7 +135,6 @@ def load_run(run_dir) -> Run:
     if seeds is None:
         seeds = sorted({s for a in arms for s in _seed_dirs(run_dir / a)})
     check_lists({**exp, "arms": arms, "seeds": seeds}, exp_path)
-    specs, trained = exp.get("arm_specs"), exp.get("trained")
 
     cells, missing, failed = {}, [], []
     for arm in arms:

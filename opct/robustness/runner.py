@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from opct.config import SEED, ConfigError, changes, construct, option, restart_allowed, validate
 from opct.errors import OpctError
-from opct.files import read_json, write_json_atomic
+from opct.files import is_dir_name, read_json, write_json_atomic
 from opct.resume_check import check_extended
 
 KIND = "robustness"
@@ -56,7 +56,7 @@ class RobustnessConfig:
         from opct.robustness import STUDIES
 
         validate(self)
-        if not self.name or "/" in self.name or self.name in (".", ".."):
+        if not is_dir_name(self.name):
             raise ConfigError("name", f"must be a non-empty directory name (got {self.name!r})")
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("seeds", "must not repeat")

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from opct.config import SEED, ConfigError, check_keys, construct, option, validate
 from opct.evals.run import EvalConfig
+from opct.files import is_dir_name
 from opct.train.config import TrainConfig
 
 KIND = "threats"
@@ -128,7 +129,7 @@ class ThreatsConfig:
             self.eval = dataclasses.replace(self.eval, **QUICK["eval"])
         self.eval = dataclasses.replace(self.eval, attack=False)  # never the attacker: every cell evaluates the same
         validate(self)
-        if not self.name or "/" in self.name or self.name in (".", ".."):
+        if not is_dir_name(self.name):
             raise ConfigError("name", f"must be a non-empty directory name (got {self.name!r})")
         for field, values in (("seeds", self.seeds), ("threats", self.threats), ("methods", self.methods)):
             if len(set(values)) != len(values):
