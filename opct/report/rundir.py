@@ -19,6 +19,7 @@ from pathlib import Path
 
 from opct.errors import DataError, OpctError
 from opct.files import is_dir_name, read_appended_jsonl, read_json
+from opct.resume_check import check_extended
 
 
 @dataclass
@@ -97,14 +98,11 @@ def _seed_dirs(arm_dir: Path) -> list[int]:
 def check_lists(exp: dict, exp_path) -> None:
     """The arms, seeds, arm_specs and trained of an experiment.json (those it has) are what `opct run` writes: an
     OpctError naming the file and the key otherwise (`opct report` reads them; `opct run` extends them)."""
+    check_extended(exp, exp_path, arms="names", seeds="seeds")
     arms, seeds = exp.get("arms", []), exp.get("seeds", [])
-    if not isinstance(arms, list) or not all(isinstance(a, str) for a in arms):
-        raise OpctError(f"{exp_path}: arms: expected a list of names, got {arms!r}")
     bad = [a for a in arms if not is_dir_name(a)]  # '../x' read cells outside the run directory
     if bad:
         raise OpctError(f"{exp_path}: arms: {bad[0]!r} is no arm's folder name (an arm name is one directory)")
-    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise OpctError(f"{exp_path}: seeds: expected a list of integers, got {seeds!r}")
     for key, xs in (("arms", arms), ("seeds", seeds)):  # counted twice, one cell made "2/2" and a zero-width interval
         twice = sorted({x for x in xs if xs.count(x) > 1}, key=str)
         if twice:
