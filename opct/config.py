@@ -213,8 +213,7 @@ def validate(obj) -> None:
 def require(obj, *names: str) -> None:
     """Fields marked required=True (or named) must be non-empty, reported as their flag: `--model is required`."""
     for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)  # a blank string too: `--out ' '` made a directory named by spaces
-        if (f.metadata.get("required") or f.name in names) and not (value.strip() if isinstance(value, str) else value):
+        if (f.metadata.get("required") or f.name in names) and not getattr(obj, f.name):  # blanks: `_check_rules`
             raise OpctError(f"{_flag(f.name)} is required ({f.metadata.get('help', '')})")
 
 
