@@ -35,7 +35,8 @@ def test_a_missing_tracker_is_left_out_with_one_line(tmp_path, model_dir, pairs_
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     assert _train(model_dir, pairs_file, tmp_path / "run", "--log-with", "wandb") == 0
     err = capsys.readouterr().err
-    assert err.count("--log-with wandb: the wandb package is not installed (pip install 'opct[wandb]'); not logging") == 1
+    assert err.count("--log-with wandb: the wandb package is not installed (pip install 'opct[wandb]'); "
+                     "not logging") == 1
     assert (tmp_path / "run" / "final").exists()
 
 

@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     add_dataclass_args(p, EvalConfig)
     g = p.add_argument_group("adaptive attacker (jailbreak suite)")
     add_dataclass_args(g, AttackConfig)
-    p.add_argument("--config", type=path_arg, default=None, help="JSON or YAML file of eval and attacker fields (flags override)")
+    p.add_argument("--config", type=path_arg, default=None,
+                   help="JSON or YAML file of eval and attacker fields (flags override)")
     p.add_argument("--resume", action="store_true", help="continue the eval run in --out (one that was killed or "
                    "failed): its finished axes are kept and the others run, with the same settings; without it a "
                    "run already in --out is refused")

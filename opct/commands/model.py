@@ -23,8 +23,8 @@ def register(sub) -> None:
                                        "directory last", description=__doc__.split("\n\n")[2])
     f.add_argument("name", choices=sorted(FETCHERS), help="the model")
     f.add_argument("--force", action="store_true", help="convert again even when a finished fetch is there")
-    f.add_argument("--gguf", type=path_arg, default=None, help="use this GGUF file instead of the installed package's (its "
-                                                "checksum must still match)")
+    f.add_argument("--gguf", type=path_arg, default=None,
+                   help="use this GGUF file instead of the installed package's (its checksum must still match)")
     f.add_argument("--no-install", dest="install", action="store_false",
                    help="do not pip-install a missing package; fail instead")
     f.set_defaults(func=_fetch)

@@ -104,7 +104,8 @@ def register(sub) -> None:
     po.add_argument("--teacher-side", choices=TEACHER_SIDES, default="backdoor",
                     help="what the teacher reads on a poisoned pair (default: backdoor)")
     po.add_argument("--seed", type=seed_arg, default=0, help="seed of the draw of the pairs to poison (default 0)")
-    po.add_argument("--out", type=path_arg, required=True, help="output JSONL, every pair with the poisoned ones (written atomically)")
+    po.add_argument("--out", type=path_arg, required=True,
+                    help="output JSONL, every pair with the poisoned ones (written atomically)")
     po.set_defaults(func=_poison)
 
     ad = verbs.add_parser("admit", help="keep only the pairs the admission filter admits",

@@ -11,7 +11,8 @@ def register(sub) -> None:
     p = sub.add_parser("report", help="results.md + self-contained report.html for a run directory",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("run", metavar="RUN", type=path_arg, help="run directory (runs/<name>, holding experiment.json)")
-    p.add_argument("--out", type=path_arg, default=None, help="where to write results.md and report.html (default: RUN)")
+    p.add_argument("--out", type=path_arg, default=None,
+                   help="where to write results.md and report.html (default: RUN)")
     p.set_defaults(func=_report)
 
 

@@ -28,7 +28,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train on contrastive pairs (OPCT and baselines)",
                               description=__doc__.split("\n\n")[0])
     add_dataclass_args(p, TrainConfig)
-    p.add_argument("--config", type=path_arg, default=None, help="JSON or YAML file of TrainConfig fields (flags override it)")
+    p.add_argument("--config", type=path_arg, default=None,
+                   help="JSON or YAML file of TrainConfig fields (flags override it)")
     p.set_defaults(func=run)
 
 
