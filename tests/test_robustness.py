@@ -227,6 +227,24 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
     assert "robustness:" not in err and "it/s" not in err and "Loading weights" not in err, err
     assert json.loads((cell / "rows.json").read_text())["rows"] == first
 
+    # a middle dose's evaluation deleted after the wash went past it: no earlier checkpoint to measure it on, so the
+    # study says what to remove (the train resume's own error named --max-steps, a flag the study user never passed);
+    # once removed, the wash is trained again from its start and the rows are the same
+    (cell / "rows.json").unlink()
+    shutil.rmtree(cell / "bct-sycophancy" / "dose-8")
+    with pytest.raises(OpctError) as e:
+        from opct.robustness.runner import load_robustness, run_robustness
+
+        run_robustness(load_robustness(path), log=lambda m: None)
+    wash = cell / "bct-sycophancy" / "wash"
+    assert "washout seed 0: bct on sycophancy, dose 8: its result is missing" in str(e.value)
+    assert f"remove {wash}, {cell / 'bct-sycophancy' / 'dose-16'}, then run again" in str(e.value)
+    assert "--max-steps" not in str(e.value) and (cell / "bct-sycophancy" / "dose-16" / "done.json").exists()
+    shutil.rmtree(wash)
+    shutil.rmtree(cell / "bct-sycophancy" / "dose-16")
+    run_robustness(load_robustness(path), log=lambda m: None)
+    assert json.loads((cell / "rows.json").read_text())["rows"] == first
+
     # other settings under the same name are refused; --quick writes elsewhere
     bad = _study_file(tmp_path, test_organism, studies={"washout": {"methods": ["bct"], "doses": [0, 4],
                                                                     "wash_batch_size": 4}})

@@ -6,6 +6,7 @@ and it loads in a second)."""
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -362,6 +363,16 @@ def test_backdoor_study_rows_well_formed_and_identical_on_resume(tmp_path):
     again = backdoor.run(cfg, 0, out, log=lambda m: None)
     assert again == rows
     assert (d / "epoch1.json").stat().st_mtime_ns == first
+    # epoch 1's result deleted after training went on to epoch 2: the study names what to remove (not the train
+    # resume's --max-steps); once removed, training starts over and gives the same rows
+    (d / "epoch1.json").unlink()
+    with pytest.raises(OpctError) as e:
+        backdoor.run(cfg, 0, out, log=lambda m: None)
+    assert str(e.value).startswith("backdoor seed 0: p=0.25") and ", epoch 1: its result is missing" in str(e.value) and "--max-steps" not in str(e.value)
+    assert f"remove {d / 'train'}, {d / 'epoch2.json'}, then run again" in str(e.value)
+    shutil.rmtree(d / "train")
+    (d / "epoch2.json").unlink()
+    assert backdoor.run(cfg, 0, out, log=lambda m: None) == rows
 
 
 def test_reasons_study_rows_well_formed_and_identical_on_resume(tmp_path):

@@ -182,6 +182,7 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
     from opct.pairs.poison import build_backdoored_teacher, check_trigger, poison
     from opct.pairs.schema import load_pairs, save_pairs
     from opct.policy import load_policy
+    from opct.robustness.cells import check_not_past
     from opct.subjects import resolve
     from opct.train.config import TrainConfig
     from opct.train.loop import train
@@ -248,6 +249,8 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
                                      lr=cfg.lr, lora_r=cfg.lora_r, max_new_tokens=cfg.max_new_tokens, seed=seed,
                                      save_every=spe, keep_checkpoints=1, resume=(d / "train").is_dir(),
                                      progress=cfg.progress)
+                    check_not_past(d / "train", tc.max_steps, f"backdoor seed {seed}: {c.name}, epoch {epoch}",
+                                   [d / f"epoch{x}.json" for x in range(epoch + 1, cfg.epochs + 1)])
                     train(tc)
                     student = load_policy(model, adapter=str(d / "train" / "final"), progress=False)
                     got = measure(student, cfg, seed)

@@ -149,6 +149,23 @@ def train_cell(tc: TrainConfig, log, what: str) -> tuple[str, str | None]:
     return str(final), None
 
 
+def check_not_past(run_dir: Path, steps: int, what: str, later: list[Path]) -> None:
+    """Before a study continues its training run `run_dir` to `steps` to measure `what`: refuse, naming what to
+    remove, when the run has trained past that step already (a result measured there was deleted after the run went
+    on). Its earlier checkpoints are gone (the studies keep one), so the result can only be measured again by training
+    the run again from its start (exact: the same run), after removing it and the results `later` measured on it."""
+    from opct.train.checkpoint import PREFIX, latest_checkpoint
+
+    latest = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    step = latest.name[len(PREFIX):] if latest is not None else ""
+    if step.isdigit() and int(step) > steps:
+        gone = ", ".join(str(p) for p in [run_dir, *later] if p.exists())
+        raise OpctError(f"{what}: its result is missing, but the training run it is measured on, {run_dir}, has "
+                        f"trained past it (to step {int(step)}; this result is at step {steps}) and keeps no earlier "
+                        f"checkpoint; to measure it again, remove {gone}, then run again (the run is trained again from "
+                        f"its start: the same run, so the results kept are unchanged)")
+
+
 def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfig, trained: dict, seed: int,
              out: Path, log) -> dict:
     """Every axis in `axes` and capability on the model (sampled at ec.temperature, the attacker off); the metrics

@@ -181,6 +181,8 @@ def run(cfg: Config, seed: int, out: Path, log) -> list[dict]:
                     # continue the wash to this dose (a no-op past the checkpoint of this very dose, when a kill
                     # came between the training and the evaluation)
                     wc = wash_config(cfg, model_dir, adapter, pairs_w, targets_w, d / "wash", dose, seed)
+                    C.check_not_past(d / "wash", wc.max_steps, f"washout seed {seed}: {method} on {axis}, dose {dose}",
+                                     [d / f"dose-{x}" for x in cfg.doses if x > dose])
                     log(f"  wash {method} on {axis}: to {dose} benign examples")
                     train(_resumed(wc))
                 w_model, w_adapter = _final(d / "wash", model_dir, adapter)
