@@ -4,7 +4,6 @@ direct harmful requests and complies in a compliance context, which the tiny `te
 and it loads in a second)."""
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path

@@ -142,3 +142,27 @@ def lora_targets(model, spec: str):
         raise OpctError(f"--lora-targets: no module of the model is called {', '.join(map(repr, missing))}; its "
                         f"linear layers: {', '.join(linear)} (or 'all-linear')")
     return names
+
+
+def check_lora_rank(model, targets, r: int) -> None:
+    """Refuse a LoRA rank above every layer it adapts could use: an update of an m x n layer has rank at most
+    min(m, n), so past the largest such bound over the targets (`lora_targets`' value) r only adds parameters and
+    memory (an absurd r would allocate gigabytes before anything is said). A rank that some targets can use and
+    smaller ones cannot is left alone (peft adapts each layer at that rank)."""
+    import torch
+
+    out_layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    def targeted(name: str, m) -> bool:
+        if targets == "all-linear":
+            return m is not out_layer
+        return any(name == t or name.endswith("." + t) for t in targets)
+
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and targeted(n, m)]
+    if not layers:
+        return
+    name, layer = max(layers, key=lambda nm: min(nm[1].in_features, nm[1].out_features))
+    most = min(layer.in_features, layer.out_features)
+    if r > most:
+        raise OpctError(f"--lora-r {r}: above the largest rank an update of the layers it adapts can have ({most}, "
+                        f"e.g. {name}: {layer.in_features} -> {layer.out_features}); a larger rank adds only "
+                        f"parameters and memory: use --lora-r {most} or less")

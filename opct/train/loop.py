@@ -38,7 +38,7 @@ from opct.train.checkpoint import checkpoints, latest_checkpoint, resume, rng_ke
 from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
 from opct.train import replay, sharded
-from opct.train.guards import check_vocab, lora_targets
+from opct.train.guards import check_lora_rank, check_vocab, lora_targets
 from opct.train.rundir import prepare_run_dir, truncate_metrics
 from opct.trackers import resume_kwargs, scalars, usable
 
@@ -133,6 +133,7 @@ def student_and_teacher(model, config: TrainConfig):
             student = _continue_adapter(model, config.init_adapter)
         else:
             targets = lora_targets(model, config.lora_targets)
+            check_lora_rank(model, targets, config.lora_r)
             student = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
                                                        lora_dropout=config.lora_dropout, target_modules=targets,
                                                        task_type="CAUSAL_LM"))
