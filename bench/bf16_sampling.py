@@ -19,10 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
+    from opct.config import positive_arg, seed_arg
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tokens", type=int, default=24, help="response tokens per prompt")
-    p.add_argument("--prompts", type=int, default=6)
+    p.add_argument("--seed", type=seed_arg, default=0)
+    p.add_argument("--tokens", type=positive_arg, default=24, help="response tokens per prompt")
+    p.add_argument("--prompts", type=positive_arg, default=6)
     a = p.parse_args(argv)
 
     import torch

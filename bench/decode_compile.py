@@ -22,8 +22,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> int:
+    from opct.config import positive_arg
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=positive_arg, default=1)
     a = p.parse_args(argv)
 
     import torch

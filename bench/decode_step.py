@@ -20,10 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
+    from opct.config import positive_arg
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, nargs="+", default=[8, 32], help="rows sampled together")
-    p.add_argument("--widths", type=int, nargs="+", default=[48, 96, 192], help="hidden sizes (multiples of 3)")
+    p.add_argument("--rows", type=positive_arg, nargs="+", default=[8, 32], help="rows sampled together")
+    p.add_argument("--widths", type=positive_arg, nargs="+", default=[48, 96, 192], help="hidden sizes (multiples of 3)")
     a = p.parse_args(argv)
+    if any(w % 3 for w in a.widths):
+        p.error(f"--widths: each must be a multiple of 3 (3 heads; got {a.widths})")
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -22,12 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:
+    from opct.config import positive_arg
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="model directory (default: the shipped default organism)")
+    p.add_argument("--model", default=None, help="a model directory or an opct subject (default: the shipped default organism)")
     p.add_argument("--task", default="sycophancy", help="an opct axis with an inspect task")
-    p.add_argument("--n", type=int, default=40, help="the task's -T n")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16], help="-M batch_size values, in order")
-    p.add_argument("--threads", type=int, default=None, help="-M threads (default: the provider's choice)")
+    p.add_argument("--n", type=positive_arg, default=40, help="the task's -T n")
+    p.add_argument("--batch-sizes", type=positive_arg, nargs="+", default=[1, 16], help="-M batch_size values, in order")
+    p.add_argument("--threads", type=positive_arg, default=None, help="-M threads (default: the provider's choice)")
     p.add_argument("--device", default="cpu")
     a = p.parse_args(argv)
     try:
@@ -36,10 +38,15 @@ def main(argv=None) -> int:
     except ImportError:
         print("inspect_ai is not installed: pip install 'opct[inspect]'", file=sys.stderr)
         return 1
+    from opct.errors import OpctError
     from opct.inspect import axis_task
-    from opct.organism.build import SHIPPED_DIR
+    from opct.subjects import resolve
 
-    model_dir = a.model or str(SHIPPED_DIR / "default")
+    try:
+        model_dir = resolve(a.model or "default")[0]
+        axis_task(a.task, n=a.n)  # an unknown task is named before any model loads
+    except OpctError as e:
+        p.error(str(e))
     print(f"{model_dir}; task opct/{a.task} -T n={a.n}; device {a.device}")
     reference = None
     with tempfile.TemporaryDirectory() as logs:

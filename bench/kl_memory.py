@@ -64,12 +64,14 @@ def available() -> int:
 
 
 def main() -> int:
+    from opct.config import positive_arg
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", type=int, default=8)
-    p.add_argument("--vocab", type=int, nargs="+", default=[49152, 151936])
-    p.add_argument("--positions", type=int, nargs="+", default=[256, 1024])
-    p.add_argument("--chunk", type=int, default=256, help="positions per chunk of the fused form")
-    p.add_argument("--forms", nargs="+", default=["fused", "unchunked", "trl"])
+    p.add_argument("--rows", type=positive_arg, default=8)
+    p.add_argument("--vocab", type=positive_arg, nargs="+", default=[49152, 151936])
+    p.add_argument("--positions", type=positive_arg, nargs="+", default=[256, 1024])
+    p.add_argument("--chunk", type=positive_arg, default=256, help="positions per chunk of the fused form")
+    p.add_argument("--forms", nargs="+", choices=["fused", "unchunked", "trl"], default=["fused", "unchunked", "trl"])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--form", help=argparse.SUPPRESS)
     a = p.parse_args()

@@ -488,18 +488,21 @@ def model_flops_per_step(n_linear: int, a, student_len: int, teacher_len: int) -
 
 
 def main(argv=None):
+    from opct.config import nonneg_arg, positive_arg  # (not at the top: the TRL worker imports nothing of opct)
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None)
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (one subprocess per trainer per round)")
-    p.add_argument("--steps", type=int, default=4, help="timed optimizer steps per round")
-    p.add_argument("--warmup", type=int, default=1, help="untimed first steps per round")
-    p.add_argument("--pairs", type=int, default=4, help="pairs per step")
-    p.add_argument("--samples", type=int, default=2, help="responses per pair")
-    p.add_argument("--response-len", type=int, default=32)
-    p.add_argument("--prompt-words", type=int, default=24)
-    p.add_argument("--fact-words", type=int, default=24)
-    p.add_argument("--lora-r", type=int, default=16)
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads for both trainers (default: torch's)")
+    p.add_argument("--model", default=None, help="a save_pretrained model directory or an opct subject (e.g. smollm2); default: "
+                   "the shipped default organism")
+    p.add_argument("--rounds", type=positive_arg, default=3, help="alternating rounds (one subprocess per trainer per round)")
+    p.add_argument("--steps", type=positive_arg, default=4, help="timed optimizer steps per round")
+    p.add_argument("--warmup", type=nonneg_arg, default=1, help="untimed first steps per round")
+    p.add_argument("--pairs", type=positive_arg, default=4, help="pairs per step")
+    p.add_argument("--samples", type=positive_arg, default=2, help="responses per pair")
+    p.add_argument("--response-len", type=positive_arg, default=32)
+    p.add_argument("--prompt-words", type=positive_arg, default=24)
+    p.add_argument("--fact-words", type=positive_arg, default=24)
+    p.add_argument("--lora-r", type=positive_arg, default=16)
+    p.add_argument("--threads", type=nonneg_arg, default=0, help="intra-op threads for both trainers (default: torch's)")
     p.add_argument("--cpu-matmul", default="auto", choices=["auto", "onednn", "blas"],
                    help="opct's TrainConfig.cpu_matmul (TRL always runs on torch's default, the BLAS)")
     p.add_argument("--shape", choices=list(SHAPES), default=None,
@@ -507,11 +510,11 @@ def main(argv=None):
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both trainers run")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="compute precision of both (bfloat16: autocast over float32 weights in both)")
-    p.add_argument("--kl-chunk", type=int, default=0,
+    p.add_argument("--kl-chunk", type=nonneg_arg, default=0,
                    help="opct's TrainConfig.kl_chunk (0: the full-vocabulary log-probs at once)")
     p.add_argument("--sampler", default="hf", choices=["hf", "vllm"],
                    help="opct's TrainConfig.sampler (vllm: a vLLM engine in opct's worker; TRL uses generate)")
-    p.add_argument("--trl-grad-accum", type=int, default=1,
+    p.add_argument("--trl-grad-accum", type=positive_arg, default=1,
                    help="TRL: micro-batches per step (gradient accumulation; generation stays one batch)")
     p.add_argument("--interleave", default="steps", choices=["steps", "rounds"],
                    help="steps: both trainers at once, taking turns step by step (default); rounds: one after the "
@@ -531,6 +534,14 @@ def main(argv=None):
 
     if a.model and a.shape:
         p.error("--model and --shape are alternatives: give one")
+    if a.model:
+        from opct.errors import OpctError
+        from opct.subjects import resolve
+
+        try:
+            a.model = resolve(a.model)[0]
+        except OpctError as e:
+            p.error(f"--model: {e}")
     if a.trl_grad_accum < 1 or (a.pairs * a.samples) % a.trl_grad_accum:
         p.error(f"--trl-grad-accum must divide pairs x samples ({a.pairs * a.samples})")
     import torch

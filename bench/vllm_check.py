@@ -86,12 +86,14 @@ def verdict(name, got, want, tol, control=None, control_of=None):
 
 
 def main() -> int:
+    from opct.config import positive_arg
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="opct/organisms/default")
     ap.add_argument("--pairs", required=True)
     ap.add_argument("--adapter", default="")
     ap.add_argument("--dtype", default="float32", choices=list(TOL))
-    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--rows", type=positive_arg, default=64)
     ap.add_argument("--device", default="cuda", help="where the HF model runs (cuda; cpu with vLLM's CPU build, or "
                                                      "for a dry run of this script against a stand-in for vllm)")
     args = ap.parse_args()

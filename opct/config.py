@@ -79,6 +79,17 @@ def positive_arg(text: str) -> int:
     return value
 
 
+def nonneg_arg(text: str) -> int:
+    """argparse `type=` for a count that may be 0 (0 meaning none, or "the default"): an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer (got {text!r})") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more (got {value})")
+    return value
+
+
 def option(default=dataclasses.MISSING, help: str = "", factory=None, **rules):
     """A config field: `default` (or `factory` for a mutable default), its help text and its rules."""
     meta = {"help": help, **rules}
