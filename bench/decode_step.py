@@ -24,7 +24,8 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=positive_arg, nargs="+", default=[8, 32], help="rows sampled together")
-    p.add_argument("--widths", type=positive_arg, nargs="+", default=[48, 96, 192], help="hidden sizes (multiples of 3)")
+    p.add_argument("--widths", type=positive_arg, nargs="+", default=[48, 96, 192],
+                   help="hidden sizes (multiples of 3)")
     a = p.parse_args(argv)
     if any(w % 3 for w in a.widths):
         p.error(f"--widths: each must be a multiple of 3 (3 heads; got {a.widths})")

@@ -25,10 +25,12 @@ def main(argv=None) -> int:
     from opct.config import positive_arg
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="a model directory or an opct subject (default: the shipped default organism)")
+    p.add_argument("--model", default=None,
+                   help="a model directory or an opct subject (default: the shipped default organism)")
     p.add_argument("--task", default="sycophancy", help="an opct axis with an inspect task")
     p.add_argument("--n", type=positive_arg, default=40, help="the task's -T n")
-    p.add_argument("--batch-sizes", type=positive_arg, nargs="+", default=[1, 16], help="-M batch_size values, in order")
+    p.add_argument("--batch-sizes", type=positive_arg, nargs="+", default=[1, 16],
+                   help="-M batch_size values, in order")
     p.add_argument("--threads", type=positive_arg, default=None, help="-M threads (default: the provider's choice)")
     p.add_argument("--device", default="cpu")
     a = p.parse_args(argv)

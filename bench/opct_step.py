@@ -491,9 +491,10 @@ def main(argv=None):
     from opct.config import nonneg_arg, positive_arg  # (not at the top: the TRL worker imports nothing of opct)
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="a save_pretrained model directory or an opct subject (e.g. smollm2); default: "
-                   "the shipped default organism")
-    p.add_argument("--rounds", type=positive_arg, default=3, help="alternating rounds (one subprocess per trainer per round)")
+    p.add_argument("--model", default=None, help="a save_pretrained model directory or an opct subject (e.g. "
+                   "smollm2); default: the shipped default organism")
+    p.add_argument("--rounds", type=positive_arg, default=3,
+                   help="alternating rounds (one subprocess per trainer per round)")
     p.add_argument("--steps", type=positive_arg, default=4, help="timed optimizer steps per round")
     p.add_argument("--warmup", type=nonneg_arg, default=1, help="untimed first steps per round")
     p.add_argument("--pairs", type=positive_arg, default=4, help="pairs per step")
@@ -502,7 +503,8 @@ def main(argv=None):
     p.add_argument("--prompt-words", type=positive_arg, default=24)
     p.add_argument("--fact-words", type=positive_arg, default=24)
     p.add_argument("--lora-r", type=positive_arg, default=16)
-    p.add_argument("--threads", type=nonneg_arg, default=0, help="intra-op threads for both trainers (default: torch's)")
+    p.add_argument("--threads", type=nonneg_arg, default=0,
+                   help="intra-op threads for both trainers (default: torch's)")
     p.add_argument("--cpu-matmul", default="auto", choices=["auto", "onednn", "blas"],
                    help="opct's TrainConfig.cpu_matmul (TRL always runs on torch's default, the BLAS)")
     p.add_argument("--shape", choices=list(SHAPES), default=None,

@@ -367,7 +367,8 @@ def test_backdoor_study_rows_well_formed_and_identical_on_resume(tmp_path):
     (d / "epoch1.json").unlink()
     with pytest.raises(OpctError) as e:
         backdoor.run(cfg, 0, out, log=lambda m: None)
-    assert str(e.value).startswith("backdoor seed 0: p=0.25") and ", epoch 1: its result is missing" in str(e.value) and "--max-steps" not in str(e.value)
+    assert str(e.value).startswith("backdoor seed 0: p=0.25") and ", epoch 1: its result is missing" in str(e.value)
+    assert "--max-steps" not in str(e.value)
     assert f"remove {d / 'train'}, {d / 'epoch2.json'}, then run again" in str(e.value)
     shutil.rmtree(d / "train")
     (d / "epoch2.json").unlink()

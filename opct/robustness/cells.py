@@ -162,8 +162,8 @@ def check_not_past(run_dir: Path, steps: int, what: str, later: list[Path]) -> N
         gone = ", ".join(str(p) for p in [run_dir, *later] if p.exists())
         raise OpctError(f"{what}: its result is missing, but the training run it is measured on, {run_dir}, has "
                         f"trained past it (to step {int(step)}; this result is at step {steps}) and keeps no earlier "
-                        f"checkpoint; to measure it again, remove {gone}, then run again (the run is trained again from "
-                        f"its start: the same run, so the results kept are unchanged)")
+                        f"checkpoint; to measure it again, remove {gone}, then run again (the run is trained again "
+                        f"from its start: the same run, so the results kept are unchanged)")
 
 
 def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfig, trained: dict, seed: int,
