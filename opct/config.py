@@ -57,12 +57,16 @@ class ConfigError(OpctError, ValueError):
 SEED = {"ge": 0, "le": 2 ** 32 - 1}
 
 
-def seed_arg(text: str) -> int:
-    """argparse `type=` for a --seed flag: an integer numpy's generators take (0 .. 2**32 - 1)."""
+def _integer(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer (got {text!r})") from None
+
+
+def seed_arg(text: str) -> int:
+    """argparse `type=` for a --seed flag: an integer numpy's generators take (0 .. 2**32 - 1)."""
+    value = _integer(text)
     if not SEED["ge"] <= value <= SEED["le"]:
         raise argparse.ArgumentTypeError(f"must be from {SEED['ge']} to {SEED['le']} (got {value})")
     return value
@@ -70,10 +74,7 @@ def seed_arg(text: str) -> int:
 
 def positive_arg(text: str) -> int:
     """argparse `type=` for a count (--n, --batch-size, --per-family): an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer (got {text!r})") from None
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
     return value
@@ -81,10 +82,7 @@ def positive_arg(text: str) -> int:
 
 def nonneg_arg(text: str) -> int:
     """argparse `type=` for a count that may be 0 (0 meaning none, or "the default"): an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer (got {text!r})") from None
+    value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more (got {value})")
     return value
