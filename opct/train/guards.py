@@ -163,6 +163,6 @@ def check_lora_rank(model, targets, r: int) -> None:
     name, layer = max(layers, key=lambda nm: min(nm[1].in_features, nm[1].out_features))
     most = min(layer.in_features, layer.out_features)
     if r > most:
-        raise OpctError(f"--lora-r {r}: above the largest rank an update of the layers it adapts can have ({most}, "
-                        f"e.g. {name}: {layer.in_features} -> {layer.out_features}); a larger rank adds only "
-                        f"parameters and memory: use --lora-r {most} or less")
+        raise OpctError(f"LoRA rank {r} (--lora-r, lora_r): above the largest rank an update of the layers it adapts "
+                        f"can have ({most}, e.g. {name}: {layer.in_features} -> {layer.out_features}); a larger rank "
+                        f"adds only parameters and memory: use {most} or less")
