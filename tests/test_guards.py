@@ -111,7 +111,8 @@ def test_lora_targets_match_as_peft_matches(policy):
 def test_a_lora_rank_no_adapted_layer_can_use_is_refused(policy):
     # the tiny model: every linear layer has a side of 32 (k_proj and v_proj: 32 -> 16; lm_head 32 -> vocab)
     guards.check_lora_rank(policy.model, "all-linear", 32)
-    with pytest.raises(OpctError, match=r"LoRA rank 33 \(--lora-r, lora_r\): above the largest rank .* \(32, e\.g\. model\.layers\.0\."):
+    with pytest.raises(OpctError,
+                       match=r"LoRA rank 33 \(--lora-r, lora_r\): above the largest rank .* \(32, e\.g\. model\.layers\.0\."):
         guards.check_lora_rank(policy.model, "all-linear", 33)
     # judged on the largest bound over the targets: a rank k_proj cannot use is left alone beside q_proj ...
     guards.check_lora_rank(policy.model, ["q_proj", "k_proj"], 32)
@@ -134,4 +135,5 @@ def test_misspelt_lora_targets_stop_opct_train_in_one_line(capsys, tmp_path):
     assert "'v_prj'" in err and not (tmp_path / "r" / "checkpoints").exists()
     err = cli_error(capsys, ["train", "--model", str(tiny_lm.model_dir()), "--pairs", str(pairs), "--out",
                              str(tmp_path / "r"), "--max-steps", "1", "--max-new-tokens", "8", "--lora-r", "100000"])
-    assert "LoRA rank 100000 (--lora-r, lora_r): above the largest rank" in err and not (tmp_path / "r" / "checkpoints").exists()
+    assert "LoRA rank 100000 (--lora-r, lora_r): above the largest rank" in err
+    assert not (tmp_path / "r" / "checkpoints").exists()
