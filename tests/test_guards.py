@@ -112,7 +112,8 @@ def test_a_lora_rank_no_adapted_layer_can_use_is_refused(policy):
     # the tiny model: every linear layer has a side of 32 (k_proj and v_proj: 32 -> 16; lm_head 32 -> vocab)
     guards.check_lora_rank(policy.model, "all-linear", 32)
     with pytest.raises(OpctError,
-                       match=r"LoRA rank 33 \(--lora-r, lora_r\): above the largest rank .* \(32, e\.g\. model\.layers\.0\."):
+                       match=r"LoRA rank 33 \(--lora-r, lora_r\): above the largest rank .* "
+                             r"\(32, e\.g\. model\.layers\.0\."):
         guards.check_lora_rank(policy.model, "all-linear", 33)
     # judged on the largest bound over the targets: a rank k_proj cannot use is left alone beside q_proj ...
     guards.check_lora_rank(policy.model, ["q_proj", "k_proj"], 32)
