@@ -152,6 +152,7 @@ def check_lora_rank(model, targets, r: int) -> None:
     import torch
 
     out_layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+
     def targeted(name: str, m) -> bool:
         if targets == "all-linear":
             return m is not out_layer
