@@ -154,14 +154,14 @@ def check_not_past(run_dir: Path, steps: int, what: str, later: list[Path]) -> N
     remove, when the run has trained past that step already (a result measured there was deleted after the run went
     on). Its earlier checkpoints are gone (the studies keep one), so the result can only be measured again by training
     the run again from its start (exact: the same run), after removing it and the results `later` measured on it."""
-    from opct.train.checkpoint import PREFIX, latest_checkpoint
+    from opct.train.checkpoint import checkpoint_step, latest_checkpoint
 
-    latest = latest_checkpoint(run_dir) if run_dir.is_dir() else None
-    step = latest.name[len(PREFIX):] if latest is not None else ""
-    if step.isdigit() and int(step) > steps:
+    latest = latest_checkpoint(run_dir)  # None for a run not started (no RUN/checkpoints)
+    step = checkpoint_step(latest) if latest is not None else None
+    if step is not None and step > steps:
         gone = ", ".join(str(p) for p in [run_dir, *later] if p.exists())
         raise OpctError(f"{what}: its result is missing, but the training run it is measured on, {run_dir}, has "
-                        f"trained past it (to step {int(step)}; this result is at step {steps}) and keeps no earlier "
+                        f"trained past it (to step {step}; this result is at step {steps}) and keeps no earlier "
                         f"checkpoint; to measure it again, remove {gone}, then run again (the run is trained again "
                         f"from its start: the same run, so the results kept are unchanged)")
 

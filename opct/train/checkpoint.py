@@ -65,6 +65,12 @@ def latest_checkpoint(run_dir) -> Path | None:
     return done[-1] if done else None
 
 
+def checkpoint_step(folder: Path) -> int | None:
+    """The step a checkpoint folder is named for (`step-000012` -> 12), or None for a name without one."""
+    number = folder.name[len(PREFIX):]
+    return int(number) if folder.name.startswith(PREFIX) and number.isdigit() else None
+
+
 def _manifest(folder: Path) -> dict:
     """{relative path: {"bytes", "sha256"}} of every file in a checkpoint but state.json."""
     return {str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": files.sha256(p)}

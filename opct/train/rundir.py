@@ -14,7 +14,7 @@ from pathlib import Path
 from opct import files
 from opct.config import changes, defaults_of
 from opct.errors import OpctError
-from opct.train.checkpoint import PREFIX, checkpoints, latest_checkpoint, write_json_atomic
+from opct.train.checkpoint import checkpoint_step, checkpoints, latest_checkpoint, write_json_atomic
 from opct.train.config import RESUMABLE_CHANGES, TrainConfig
 
 
@@ -57,8 +57,8 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
 
         plan = replay.plan(config, processes)
         total = plan.total_steps if plan else config.max_steps
-        step = int(latest.name[len(PREFIX):]) if latest.name[len(PREFIX):].isdigit() else 0
-        if step > total:
+        step = checkpoint_step(latest)
+        if step is not None and step > total:
             raise OpctError(f"{out}: its latest checkpoint ({latest.name}) is past the {total} steps this resume "
                             f"asks for (--max-steps {config.max_steps}); resume with --max-steps {step} or more, or "
                             f"start a new run")
