@@ -125,6 +125,11 @@ def check_same_responses(student_batch, teacher_batch, where: str = "this step")
                         f"KL compares the same tokens under two prompts (a bug in how the responses were laid out)")
 
 
+def _is_target(module_name: str, target: str) -> bool:
+    """Whether peft's `target_modules` entry `target` names the module: its whole dotted name, or its last parts."""
+    return module_name == target or module_name.endswith("." + target)
+
+
 def lora_targets(model, spec: str):
     """`spec` ('all-linear' or comma-separated module names) as peft's `target_modules`, each name checked against
     the model's modules the way peft matches a name (the whole dotted name, or its last parts)."""
@@ -136,7 +141,7 @@ def lora_targets(model, spec: str):
     if not names:
         raise OpctError(f"--lora-targets: no module names in {spec!r} (use 'all-linear' or e.g. 'q_proj,v_proj')")
     modules = [n for n, _ in model.named_modules() if n]
-    missing = [t for t in names if not any(n == t or n.endswith("." + t) for n in modules)]
+    missing = [t for t in names if not any(_is_target(n, t) for n in modules)]
     if missing:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise OpctError(f"--lora-targets: no module of the model is called {', '.join(map(repr, missing))}; its "
@@ -156,7 +161,7 @@ def check_lora_rank(model, targets, r: int) -> None:
     def targeted(name: str, m) -> bool:
         if targets == "all-linear":
             return m is not out_layer
-        return any(name == t or name.endswith("." + t) for t in targets)
+        return any(_is_target(name, t) for t in targets)
 
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and targeted(n, m)]
     if not layers:
