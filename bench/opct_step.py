@@ -544,7 +544,7 @@ def main(argv=None):
             a.model = resolve(a.model)[0]
         except OpctError as e:
             p.error(f"--model: {e}")
-    if a.trl_grad_accum < 1 or (a.pairs * a.samples) % a.trl_grad_accum:
+    if (a.pairs * a.samples) % a.trl_grad_accum:  # (>= 1: positive_arg)
         p.error(f"--trl-grad-accum must divide pairs x samples ({a.pairs * a.samples})")
     import torch
 
