@@ -5,16 +5,23 @@ logs training metrics per optimizer step, evaluation metrics (every metric's val
 experiment, each finished cell's headline metrics. A tracker whose package is not installed is left out with one
 line saying so (`pip install 'opct[tensorboard]'`, `pip install 'opct[wandb]'`); nothing is installed by opct.
 TensorBoard writes under the run directory (`RUN/trackers/`); wandb follows its own settings (`WANDB_MODE=offline`
-for no network, `WANDB_DIR`).
+for no network, `WANDB_DIR`), and a resumed training or evaluation continues its wandb run (the id in
+`RUN/trackers/wandb-run-id`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import os
+import re
+import secrets
 import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 from opct.errors import OpctError, first_line
+from opct.files import read_text, write_atomic
 
 # tracker name (accelerate's) -> the module it needs
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "comet_ml": "comet_ml", "aim": "aim",
@@ -65,15 +72,56 @@ def metric_values(metrics: dict, prefix: str = "eval/") -> dict:
             if isinstance(m, dict) and isinstance(m.get("value"), (int, float)) and math.isfinite(m["value"])}
 
 
-def resume_kwargs(names, first_step: int | None) -> dict | None:
-    """accelerate's `init_kwargs` for trackers that log again from `first_step` over a run that logged past it (a
-    resumed training: the steps after its checkpoint, which the killed run may have logged already; an evaluation
-    resumed or run again: its step 0). TensorBoard is told `purge_step`, so its readers drop the earlier events at
-    those steps rather than show each step twice. Other trackers keep what they have: a step logged before a kill
-    and again after the resume is there twice (wandb starts a new run on each resume)."""
-    if first_step is None or "tensorboard" not in (names or ()):
-        return None
-    return {"tensorboard": {"purge_step": first_step}}
+WANDB_ID_FILE = "wandb-run-id"
+
+
+def wandb_run_id(folder) -> str:
+    """The wandb run id of the run whose tracker files live in `folder`: made on its first call and kept in
+    `folder/wandb-run-id`, so a resumed training (or evaluation) logs into the wandb run it began rather than a new
+    one. A file that does not hold an id (damaged) is replaced by a new id, with one line saying so: a tracker's id
+    is not worth stopping a run for."""
+    path = Path(folder) / WANDB_ID_FILE
+    run_id = ""
+    if path.is_file():
+        run_id = read_text(path).strip()
+        if not re.fullmatch(r"[0-9a-z]{8,64}", run_id):
+            print(f"opct: note: {path}: not a wandb run id; starting a new wandb run", file=sys.stderr)
+            run_id = ""
+    if not run_id:
+        run_id = secrets.token_hex(8)
+        write_atomic(path, run_id + "\n")
+    return run_id
+
+
+def resume_kwargs(names, first_step: int | None, folder=None) -> dict | None:
+    """accelerate's `init_kwargs` for the trackers of a run that may log again from `first_step` over one that
+    logged past it (a resumed training: the steps after its checkpoint, which the killed run may have logged
+    already; an evaluation resumed or run again: its step 0).
+
+    TensorBoard is told `purge_step`, so its readers drop the earlier events at those steps rather than show each
+    step twice. wandb, when `folder` is given (the run's tracker folder), gets the run's own id with
+    `resume="allow"` (`wandb_run_id`): one wandb run across resumes, whose steps only go forward, so a step logged
+    again after a resume (the same value: resume is exact) is dropped by wandb rather than kept twice; offline, each
+    part is a run folder with that id (`wandb sync --id ID` joins them). `WANDB_RUN_ID` in the environment takes
+    precedence (wandb's own setting). Other trackers keep both."""
+    kwargs = {}
+    if first_step is not None and "tensorboard" in (names or ()):
+        kwargs["tensorboard"] = {"purge_step": first_step}
+    if folder is not None and "wandb" in (names or ()) and not os.environ.get("WANDB_RUN_ID"):
+        kwargs["wandb"] = {"id": wandb_run_id(folder), "resume": "allow"}
+    return kwargs or None
+
+
+@contextmanager
+def ended(acc, on: bool = True):
+    """The block's trackers ended (`acc.end_training()`) however it is left, an error or an interrupt included: wandb's
+    run finished and TensorBoard's events flushed, so a caller in the same process (an experiment's next cell, a
+    resume after a caught KeyboardInterrupt) starts its own run rather than writing into an unfinished one."""
+    try:
+        yield
+    finally:
+        if on:
+            acc.end_training()
 
 
 class Trackers:
@@ -81,9 +129,10 @@ class Trackers:
     tracker API only. `None`-safe: with no usable tracker every call does nothing."""
 
     def __init__(self, log_with, project_dir, name: str, config: dict | None = None, where: str = "--log-with",
-                 first_step: int | None = None):
+                 first_step: int | None = None, resumable: bool = False):
         """`first_step`: the first step this run logs, when earlier events at it and after it are replaced (an
-        evaluation's step 0; see `resume_kwargs`)."""
+        evaluation's step 0; see `resume_kwargs`). `resumable`: a run logged into `project_dir` before is continued
+        (wandb: the same run; see `resume_kwargs`) — for runs whose steps only go forward across resumes."""
         self.acc = None
         names = usable(log_with, where)
         if names:
@@ -94,7 +143,8 @@ class Trackers:
             except (RuntimeError, ValueError) as e:  # a launch accelerate cannot set up here (FSDP without a GPU)
                 reason = first_line(e)
                 raise OpctError(f"{where}: accelerate could not set up its trackers here: {reason}") from None
-            self.acc.init_trackers(name, config=scalars(config or {}), init_kwargs=resume_kwargs(names, first_step))
+            self.acc.init_trackers(name, config=scalars(config or {}),
+                                   init_kwargs=resume_kwargs(names, first_step, project_dir if resumable else None))
 
     def log(self, values: dict, step: int | None = None) -> None:
         if self.acc is not None and values:

@@ -142,16 +142,14 @@ def test_a_tracker_that_is_installed_but_does_not_import_is_left_out_with_one_li
     assert (tmp_path / "run" / "final").exists() and not list((tmp_path / "run").rglob("events.out.tfevents.*"))
 
 
-def _wandb_history(folder) -> list[dict]:
-    """The logged rows (`history` records) of every offline wandb run under `folder`, read from its transaction log
-    (`run-*.wandb`: LevelDB's log format, 32 KiB blocks of records split into full / first / middle / last chunks, each
-    a `wandb_internal_pb2.Record`), since wandb itself only reads it back by syncing to a server."""
-    import json
+def _wandb_records(folder):
+    """(run folder name, record) for every record of every offline wandb run under `folder`, read from its
+    transaction log (`run-*.wandb`: LevelDB's log format, 32 KiB blocks of records split into full / first / middle /
+    last chunks, each a `wandb_internal_pb2.Record`), since wandb itself only reads it back by syncing to a server."""
     import struct
 
     from wandb.proto import wandb_internal_pb2 as pb
 
-    rows = []
     for f in sorted(folder.rglob("run-*.wandb")):
         data, pos, block, chunks = f.read_bytes(), 7, 32768, b""
         assert data[:4] == b":W&B", f
@@ -169,21 +167,42 @@ def _wandb_history(folder) -> list[dict]:
                 record = pb.Record()
                 record.ParseFromString(chunks)
                 chunks = b""
-                if record.WhichOneof("record_type") == "history":
-                    rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json)
-                                 for i in record.history.item})
-    return rows
+                yield f.parent.name, record
+
+
+def _wandb_history(folder) -> list[dict]:
+    """The logged rows (`history` records) of every offline wandb run under `folder`."""
+    import json
+
+    return [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            for _, record in _wandb_records(folder) if record.WhichOneof("record_type") == "history"]
+
+
+def _wandb_runs(folder) -> list[tuple[str, str]]:
+    """(project, run id) of each offline wandb run under `folder`."""
+    return [(r.run.project, r.run.run_id) for _, r in _wandb_records(folder) if r.WhichOneof("record_type") == "run"]
+
+
+@pytest.fixture
+def wandb_offline(tmp_path, monkeypatch):
+    """wandb offline (no account, no network), writing under tmp_path/wandb. wandb reads its settings once per process
+    (`wandb.setup`), so its state is torn down before and after: each test's runs land in its own folder."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    (tmp_path / "wandb").mkdir()
+    wandb.teardown()
+    yield
+    wandb.teardown()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
-def test_training_and_eval_metrics_reach_wandb_offline(tmp_path, model_dir, pairs_file, test_organism, monkeypatch):
+def test_training_and_eval_metrics_reach_wandb_offline(tmp_path, model_dir, pairs_file, test_organism, wandb_offline):
     """`--log-with wandb` (offline: no account, no network): each optimizer step's training metrics, with the
     values of metrics.jsonl, and an evaluation's metrics reach wandb's own run files (untested before 2026-12-06)."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    # one folder for both runs: wandb reads its settings once per process
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    (tmp_path / "wandb").mkdir()
     run = tmp_path / "run"
     assert _train(model_dir, pairs_file, run, "--log-with", "wandb") == 0
     rows = [r for r in _wandb_history(tmp_path / "wandb") if "train/loss" in r]
@@ -199,3 +218,60 @@ def test_training_and_eval_metrics_reach_wandb_offline(tmp_path, model_dir, pair
     measured = json.loads((out / "metrics.json").read_text())["capability.accuracy"]["value"]
     logged = [r for r in _wandb_history(tmp_path / "wandb") if "eval/capability.accuracy" in r]
     assert [r["eval/capability.accuracy"] for r in logged] == pytest.approx([measured])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, model_dir, pairs_file, test_organism, wandb_offline,
+                                               monkeypatch):
+    """A training interrupted and resumed, and an evaluation run again with --resume, each log into one wandb run
+    (the id kept in RUN/trackers/wandb-run-id, resume="allow"), where each resume used to start a new wandb run.
+    Offline, each part is a run folder with that id; steps 1-3 before the interruption, 3-5 after it (online, wandb
+    drops the repeated step 3)."""
+    import opct.methods as M
+
+    real, calls = M.METHODS["opct"], []
+
+    def interrupted_at_step_4(run, micro):
+        calls.append(run.step)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(run, micro)
+
+    run = tmp_path / "run"
+    monkeypatch.setitem(M.METHODS, "opct", interrupted_at_step_4)
+    assert _train(model_dir, pairs_file, run, "--max-steps", "5", "--save-every", "2", "--log-with", "wandb") != 0
+    monkeypatch.setitem(M.METHODS, "opct", real)
+    assert _train(model_dir, pairs_file, run, "--max-steps", "5", "--save-every", "2", "--log-with", "wandb",
+                  "--resume") == 0
+    run_id = (run / "trackers" / "wandb-run-id").read_text().strip()
+    assert _wandb_runs(tmp_path / "wandb") == [("run-opct", run_id)] * 2
+    assert [r["_step"] for r in _wandb_history(tmp_path / "wandb") if "train/loss" in r] == [1, 2, 3, 3, 4, 5]
+
+    out = tmp_path / "eval"
+    args = ["eval", "--model", str(test_organism), "--suite", "capability", "--n", "2", "--out", str(out),
+            "--no-progress", "--max-new-tokens", "4", "--log-with", "wandb"]
+    assert main(args) == 0 and main(args + ["--resume"]) == 0
+    eval_id = (out / "trackers" / "wandb-run-id").read_text().strip()
+    assert eval_id != run_id
+    assert sorted(_wandb_runs(tmp_path / "wandb")) == sorted([("run-opct", run_id)] * 2 + [("eval-eval", eval_id)] * 2)
+
+
+def test_the_wandb_run_id_is_kept_with_the_run_and_a_damaged_one_replaced(tmp_path, capsys, monkeypatch):
+    """`resume_kwargs` gives wandb the run folder's own id (one made on the first call, the same after), with
+    resume="allow"; a file that holds no id is replaced with a note; `WANDB_RUN_ID` (wandb's own setting) wins; a run
+    that passes no folder (an experiment, whose steps are seeds) and TensorBoard's purge are as before."""
+    from opct.trackers import WANDB_ID_FILE, resume_kwargs
+
+    monkeypatch.delenv("WANDB_RUN_ID", raising=False)
+    first = resume_kwargs(["wandb"], None, tmp_path)["wandb"]
+    assert first["resume"] == "allow" and len(first["id"]) == 16
+    assert (tmp_path / WANDB_ID_FILE).read_text() == first["id"] + "\n"
+    assert resume_kwargs(["tensorboard", "wandb"], 4, tmp_path) == {"tensorboard": {"purge_step": 4}, "wandb": first}
+    assert resume_kwargs(["wandb"], 4, None) is None and resume_kwargs(["tensorboard"], None, tmp_path) is None
+    (tmp_path / WANDB_ID_FILE).write_text("not an id!\n")
+    again = resume_kwargs(["wandb"], None, tmp_path)["wandb"]
+    assert again["id"] != first["id"] and (tmp_path / WANDB_ID_FILE).read_text() == again["id"] + "\n"
+    assert f"opct: note: {tmp_path / WANDB_ID_FILE}: not a wandb run id; starting a new wandb run" in \
+        capsys.readouterr().err
+    monkeypatch.setenv("WANDB_RUN_ID", "mine")
+    assert resume_kwargs(["wandb"], None, tmp_path) is None

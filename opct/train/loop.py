@@ -40,7 +40,7 @@ from opct.train.context import RenderedPair, StepContext
 from opct.train import replay, sharded
 from opct.train.guards import check_lora_rank, check_vocab, lora_targets
 from opct.train.rundir import prepare_run_dir, truncate_metrics
-from opct.trackers import resume_kwargs, scalars, usable
+from opct.trackers import ended, resume_kwargs, scalars, usable
 
 # Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped. A key
 # that a method does not define (e.g. `mean_delta` for SFT) is written as null.
@@ -307,75 +307,75 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
             PREPARE[config.method](run)
         replay_rows = replay.prepare(run, replay_plan) if replay_plan else []
     if trackers:  # resumed: the steps after the checkpoint are logged again (the interrupted run may have logged some)
-        acc.init_trackers(f"{out.name}-{config.method}", config=scalars(asdict(config)),
-                          init_kwargs=resume_kwargs(trackers, start + 1 if start else None))
+        kw = resume_kwargs(trackers, start + 1 if start else None, out / "trackers") if acc.is_main_process else None
+        acc.init_trackers(f"{out.name}-{config.method}", config=scalars(asdict(config)), init_kwargs=kw)
     bar = tqdm(total=total_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,
                disable=not (acc.is_main_process and config.progress))
-    for step in range(start + 1, total_steps + 1):
-        t0 = time.perf_counter()
-        run.step = step - 1
-        if sampler is not None:  # its per-request seeds count this step's rows
-            sampler.begin_step(run.step)
-        try:
-            with cpu_matmul.use(config.cpu_matmul, acc.device):  # linear layers: opct.cpu_matmul
-                if step <= config.max_steps:
-                    stats = {}
-                    if replay_plan:  # mixed: this step's replay rows first, accumulated locally (the method syncs)
+    with ended(acc, bool(trackers)):  # however the loop is left
+        for step in range(start + 1, total_steps + 1):
+            t0 = time.perf_counter()
+            run.step = step - 1
+            if sampler is not None:  # its per-request seeds count this step's rows
+                sampler.begin_step(run.step)
+            try:
+                with cpu_matmul.use(config.cpu_matmul, acc.device):  # linear layers: opct.cpu_matmul
+                    if step <= config.max_steps:
+                        stats = {}
+                        if replay_plan:  # mixed: this step's replay rows first, accumulated locally (the method syncs)
+                            mine = replay.step_rows(replay_rows, replay_plan, step, config.seed, acc.process_index,
+                                                    acc.num_processes)
+                            stats = {"phase": "method", **replay.replay_backward(
+                                run, mine, len(replay_plan.rows_at(step)), sync_last=False)}
+                        micro = step_micro_batches(pairs, config, state["pairs_consumed"], acc.process_index,
+                                                   acc.num_processes)
+                        stats = {**step_fn(run, micro), **stats}
+                        state["pairs_consumed"] += per_step
+                    else:  # sequential: replay alone, after the method's steps
                         mine = replay.step_rows(replay_rows, replay_plan, step, config.seed, acc.process_index,
                                                 acc.num_processes)
-                        stats = {"phase": "method", **replay.replay_backward(
-                            run, mine, len(replay_plan.rows_at(step)), sync_last=False)}
-                    micro = step_micro_batches(pairs, config, state["pairs_consumed"], acc.process_index,
-                                               acc.num_processes)
-                    stats = {**step_fn(run, micro), **stats}
-                    state["pairs_consumed"] += per_step
-                else:  # sequential: replay alone, after the method's steps
-                    mine = replay.step_rows(replay_rows, replay_plan, step, config.seed, acc.process_index,
-                                            acc.num_processes)
-                    stats = replay.replay_backward(run, mine, len(replay_plan.rows_at(step)), sync_last=True)
-                    stats.update(phase="replay", loss=stats["replay_loss"], tokens=stats["replay_tokens"])
-        except OpctError as e:
-            raise OpctError(f"step {step}: {e} (last good checkpoint: {latest_checkpoint(out) or 'none'})") from None
-        lr = scheduler.get_last_lr()[0]
-        if deepspeed:  # the engine clips, steps, skips the update on every rank when the global norm is not finite
-            grad_norm, finite = sharded.step(acc)
-        else:
-            grad_norm = float(acc.clip_grad_norm_(params, config.max_grad_norm or math.inf))
-            finite = math.isfinite(stats["loss"]) and math.isfinite(grad_norm) and \
-                math.isfinite(stats.get("replay_loss") or 0.0)
+                        stats = replay.replay_backward(run, mine, len(replay_plan.rows_at(step)), sync_last=True)
+                        stats.update(phase="replay", loss=stats["replay_loss"], tokens=stats["replay_tokens"])
+            except OpctError as e:
+                last = latest_checkpoint(out) or "none"
+                raise OpctError(f"step {step}: {e} (last good checkpoint: {last})") from None
+            lr = scheduler.get_last_lr()[0]
+            if deepspeed:  # the engine clips, steps, skips the update on every rank when the global norm is not finite
+                grad_norm, finite = sharded.step(acc)
+            else:
+                grad_norm = float(acc.clip_grad_norm_(params, config.max_grad_norm or math.inf))
+                finite = math.isfinite(stats["loss"]) and math.isfinite(grad_norm) and \
+                    math.isfinite(stats.get("replay_loss") or 0.0)
+                if finite:
+                    optimizer.step()
             if finite:
-                optimizer.step()
-        if finite:
-            state["consecutive_nan"] = 0
-            if sampler is not None and step < config.max_steps:  # the next step's rollouts see this update
-                sampler.push_weights(model)
-        else:  # skip the update; the step, its data and the schedule still advance
-            state["nan_steps"] += 1
-            state["consecutive_nan"] += 1
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        seconds = time.perf_counter() - t0
+                state["consecutive_nan"] = 0
+                if sampler is not None and step < config.max_steps:  # the next step's rollouts see this update
+                    sampler.push_weights(model)
+            else:  # skip the update; the step, its data and the schedule still advance
+                state["nan_steps"] += 1
+                state["consecutive_nan"] += 1
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            seconds = time.perf_counter() - t0
 
-        record = {**dict.fromkeys(METRIC_KEYS), "step": step, **stats, "tokens_per_s": stats["tokens"] / seconds,
-                  "grad_norm": grad_norm, "lr": lr, "step_time_s": seconds, "skipped": not finite,
-                  "nan_steps": state["nan_steps"]}
-        if acc.is_main_process:
-            files.append_jsonl(out / "metrics.jsonl", {k: (None if isinstance(v, float) and not math.isfinite(v)
-                                                           else v) for k, v in record.items()})
-        if trackers:
-            acc.log({f"train/{k}": v for k, v in record.items() if k != "step" and isinstance(v, (int, float))
-                     and not isinstance(v, bool) and math.isfinite(v)}, step=step)
-        bar.update(1)
-        bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-        if state["consecutive_nan"] >= config.max_nan_steps:
-            raise OpctError(f"step {step}: loss or gradient not finite for {state['consecutive_nan']} consecutive "
-                            f"steps; stopped (last good checkpoint: {latest_checkpoint(out) or 'none'}). "
-                            f"Lower --lr or check the pairs.")
-        if step % config.save_every == 0 or step == total_steps:
-            save_checkpoint(out, step, acc, model, optimizer, scheduler, state, config.keep_checkpoints)
-    bar.close()
-    if trackers:
-        acc.end_training()
+            record = {**dict.fromkeys(METRIC_KEYS), "step": step, **stats, "tokens_per_s": stats["tokens"] / seconds,
+                      "grad_norm": grad_norm, "lr": lr, "step_time_s": seconds, "skipped": not finite,
+                      "nan_steps": state["nan_steps"]}
+            if acc.is_main_process:
+                files.append_jsonl(out / "metrics.jsonl", {k: (None if isinstance(v, float) and not math.isfinite(v)
+                                                               else v) for k, v in record.items()})
+            if trackers:
+                acc.log({f"train/{k}": v for k, v in record.items() if k != "step" and isinstance(v, (int, float))
+                         and not isinstance(v, bool) and math.isfinite(v)}, step=step)
+            bar.update(1)
+            bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+            if state["consecutive_nan"] >= config.max_nan_steps:
+                raise OpctError(f"step {step}: loss or gradient not finite for {state['consecutive_nan']} consecutive "
+                                f"steps; stopped (last good checkpoint: {latest_checkpoint(out) or 'none'}). "
+                                f"Lower --lr or check the pairs.")
+            if step % config.save_every == 0 or step == total_steps:
+                save_checkpoint(out, step, acc, model, optimizer, scheduler, state, config.keep_checkpoints)
+        bar.close()
     _save_final(out, acc, model, policy)
     return out
 
