@@ -93,23 +93,39 @@ def wandb_run_id(folder) -> str:
     return run_id
 
 
-def resume_kwargs(names, first_step: int | None, folder=None) -> dict | None:
-    """accelerate's `init_kwargs` for the trackers of a run that may log again from `first_step` over one that
-    logged past it (a resumed training: the steps after its checkpoint, which the killed run may have logged
+def tracker_kwargs(names, first_step: int | None, folder=None) -> dict | None:
+    """accelerate's `init_kwargs` for `names`' trackers, in a run that may log again from `first_step` over one
+    that logged past it (a resumed training: the steps after its checkpoint, which the killed run may have logged
     already; an evaluation resumed or run again: its step 0).
 
     TensorBoard is told `purge_step`, so its readers drop the earlier events at those steps rather than show each
-    step twice. wandb, when `folder` is given (the run's tracker folder), gets the run's own id with
-    `resume="allow"` (`wandb_run_id`): one wandb run across resumes, whose steps only go forward, so a step logged
-    again after a resume (the same value: resume is exact) is dropped by wandb rather than kept twice; offline, each
-    part is a run folder with that id (`wandb sync --id ID` joins them). `WANDB_RUN_ID` in the environment takes
-    precedence (wandb's own setting). Other trackers keep both."""
-    kwargs = {}
-    if first_step is not None and "tensorboard" in (names or ()):
+    step twice. wandb runs with `reinit="create_new"`: opct opens runs inside runs in one process (an experiment's,
+    around each cell's training and evaluation), where wandb's default would finish the open one. When `folder` is
+    given (the run's tracker folder), wandb also gets the run's own id with `resume="allow"` (`wandb_run_id`): one
+    wandb run across resumes, whose steps only go forward, so a step logged again after a resume (the same value:
+    resume is exact) is dropped by wandb rather than kept twice; offline, each part is a run folder with that id
+    (`wandb sync --id ID` joins them). `WANDB_RUN_ID` in the environment takes precedence (wandb's own setting).
+    Other trackers keep both."""
+    names, kwargs = names or (), {}
+    if first_step is not None and "tensorboard" in names:
         kwargs["tensorboard"] = {"purge_step": first_step}
-    if folder is not None and "wandb" in (names or ()) and not os.environ.get("WANDB_RUN_ID"):
-        kwargs["wandb"] = {"id": wandb_run_id(folder), "resume": "allow"}
+    if "wandb" in names:
+        kwargs["wandb"] = {"reinit": "create_new"}
+        if folder is not None and not os.environ.get("WANDB_RUN_ID"):
+            kwargs["wandb"].update(id=wandb_run_id(folder), resume="allow")
     return kwargs or None
+
+
+def start(acc, name: str, config: dict, init_kwargs: dict | None) -> None:
+    """`acc.init_trackers(name, ...)`, with the run's settings (`config`) stored by each tracker: wandb's on its own
+    run, where accelerate would write them to wandb's global run, which a run opened with `reinit="create_new"` (see
+    `tracker_kwargs`) is not."""
+    acc.init_trackers(name, init_kwargs=init_kwargs)
+    for tracker in acc.trackers:
+        if tracker.name == "wandb":
+            tracker.run.config.update(config, allow_val_change=True)
+        else:
+            tracker.store_init_configuration(config)
 
 
 @contextmanager
@@ -126,13 +142,14 @@ def ended(acc, on: bool = True):
 
 class Trackers:
     """Trackers outside a training loop (an evaluation, an experiment): an accelerate Accelerator used for its
-    tracker API only. `None`-safe: with no usable tracker every call does nothing."""
+    tracker API only; a context manager that closes them. `None`-safe: with no usable tracker every call does
+    nothing."""
 
     def __init__(self, log_with, project_dir, name: str, config: dict | None = None, where: str = "--log-with",
                  first_step: int | None = None, resumable: bool = False):
         """`first_step`: the first step this run logs, when earlier events at it and after it are replaced (an
-        evaluation's step 0; see `resume_kwargs`). `resumable`: a run logged into `project_dir` before is continued
-        (wandb: the same run; see `resume_kwargs`) — for runs whose steps only go forward across resumes."""
+        evaluation's step 0; see `tracker_kwargs`). `resumable`: a run logged into `project_dir` before is continued
+        (wandb: the same run; see `tracker_kwargs`) — for runs whose steps only go forward across resumes."""
         self.acc = None
         names = usable(log_with, where)
         if names:
@@ -143,8 +160,8 @@ class Trackers:
             except (RuntimeError, ValueError) as e:  # a launch accelerate cannot set up here (FSDP without a GPU)
                 reason = first_line(e)
                 raise OpctError(f"{where}: accelerate could not set up its trackers here: {reason}") from None
-            self.acc.init_trackers(name, config=scalars(config or {}),
-                                   init_kwargs=resume_kwargs(names, first_step, project_dir if resumable else None))
+            start(self.acc, name, scalars(config or {}),
+                  tracker_kwargs(names, first_step, project_dir if resumable else None))
 
     def log(self, values: dict, step: int | None = None) -> None:
         if self.acc is not None and values:
@@ -154,3 +171,9 @@ class Trackers:
         if self.acc is not None:
             self.acc.end_training()
             self.acc = None
+
+    def __enter__(self) -> "Trackers":
+        return self
+
+    def __exit__(self, *exc) -> None:  # closed however the block is left (see `ended`)
+        self.close()

@@ -145,10 +145,15 @@ def test_a_tracker_that_is_installed_but_does_not_import_is_left_out_with_one_li
 def _wandb_records(folder):
     """(run folder name, record) for every record of every offline wandb run under `folder`, read from its
     transaction log (`run-*.wandb`: LevelDB's log format, 32 KiB blocks of records split into full / first / middle /
-    last chunks, each a `wandb_internal_pb2.Record`), since wandb itself only reads it back by syncing to a server."""
+    last chunks, each a `wandb_internal_pb2.Record`), since wandb itself only reads it back by syncing to a server.
+    wandb's service may write a finished run's file after `finish` returns, so it is shut down first
+    (`wandb.teardown` waits for it; a later run starts it again)."""
     import struct
 
+    import wandb
     from wandb.proto import wandb_internal_pb2 as pb
+
+    wandb.teardown()
 
     for f in sorted(folder.rglob("run-*.wandb")):
         data, pos, block, chunks = f.read_bytes(), 7, 32768, b""
@@ -209,12 +214,15 @@ def test_training_and_eval_metrics_reach_wandb_offline(tmp_path, model_dir, pair
     assert [r["_step"] for r in rows] == [1, 2, 3]
     assert [r["train/loss"] for r in rows] == pytest.approx([r["loss"] for r in tiny_lm.read_metrics(run)])
     assert all("train/grad_norm" in r for r in rows)
+    import json
+
+    settings = {i.key: json.loads(i.value_json) for _, r in _wandb_records(tmp_path / "wandb")
+                if r.WhichOneof("record_type") == "config" for i in r.config.update}
+    assert settings["method"] == "opct" and settings["max_steps"] == 3  # the run's settings, on its own run
 
     out = tmp_path / "eval"
     assert main(["eval", "--model", str(test_organism), "--suite", "capability", "--n", "3", "--out", str(out),
                  "--no-progress", "--max-new-tokens", "8", "--log-with", "wandb"]) == 0
-    import json
-
     measured = json.loads((out / "metrics.json").read_text())["capability.accuracy"]["value"]
     logged = [r for r in _wandb_history(tmp_path / "wandb") if "eval/capability.accuracy" in r]
     assert [r["eval/capability.accuracy"] for r in logged] == pytest.approx([measured])
@@ -257,21 +265,44 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, model_dir, pairs_file, 
 
 
 def test_the_wandb_run_id_is_kept_with_the_run_and_a_damaged_one_replaced(tmp_path, capsys, monkeypatch):
-    """`resume_kwargs` gives wandb the run folder's own id (one made on the first call, the same after), with
+    """`tracker_kwargs` gives wandb the run folder's own id (one made on the first call, the same after), with
     resume="allow"; a file that holds no id is replaced with a note; `WANDB_RUN_ID` (wandb's own setting) wins; a run
-    that passes no folder (an experiment, whose steps are seeds) and TensorBoard's purge are as before."""
-    from opct.trackers import WANDB_ID_FILE, resume_kwargs
+    that passes no folder (an experiment, whose steps are seeds) gets a new wandb run; every wandb run may open
+    beside another (reinit="create_new"); TensorBoard's purge is as before."""
+    from opct.trackers import WANDB_ID_FILE, tracker_kwargs
 
     monkeypatch.delenv("WANDB_RUN_ID", raising=False)
-    first = resume_kwargs(["wandb"], None, tmp_path)["wandb"]
-    assert first["resume"] == "allow" and len(first["id"]) == 16
+    first = tracker_kwargs(["wandb"], None, tmp_path)["wandb"]
+    assert first["resume"] == "allow" and first["reinit"] == "create_new" and len(first["id"]) == 16
     assert (tmp_path / WANDB_ID_FILE).read_text() == first["id"] + "\n"
-    assert resume_kwargs(["tensorboard", "wandb"], 4, tmp_path) == {"tensorboard": {"purge_step": 4}, "wandb": first}
-    assert resume_kwargs(["wandb"], 4, None) is None and resume_kwargs(["tensorboard"], None, tmp_path) is None
+    assert tracker_kwargs(["tensorboard", "wandb"], 4, tmp_path) == {"tensorboard": {"purge_step": 4}, "wandb": first}
+    assert tracker_kwargs(["wandb"], 4, None) == {"wandb": {"reinit": "create_new"}}
+    assert tracker_kwargs(["tensorboard"], None, tmp_path) is None
     (tmp_path / WANDB_ID_FILE).write_text("not an id!\n")
-    again = resume_kwargs(["wandb"], None, tmp_path)["wandb"]
+    again = tracker_kwargs(["wandb"], None, tmp_path)["wandb"]
     assert again["id"] != first["id"] and (tmp_path / WANDB_ID_FILE).read_text() == again["id"] + "\n"
     assert f"opct: note: {tmp_path / WANDB_ID_FILE}: not a wandb run id; starting a new wandb run" in \
         capsys.readouterr().err
     monkeypatch.setenv("WANDB_RUN_ID", "mine")
-    assert resume_kwargs(["wandb"], None, tmp_path) is None
+    assert tracker_kwargs(["wandb"], None, tmp_path) == {"wandb": {"reinit": "create_new"}}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed")
+def test_an_experiment_logs_to_wandb_beside_its_cells_runs(tmp_path, test_organism, wandb_offline):
+    """`log_with: [wandb]` in an experiment: its own run stays open while each cell's training and evaluation open
+    and finish theirs in the same process. Before 2026-12-06 the first cell's training finished the experiment's run
+    (wandb's default on a second init) and logging the cell's metrics to it stopped the experiment with wandb's
+    UsageError."""
+    from opct.experiment.config import ExperimentConfig
+    from opct.experiment.runner import run_experiment
+
+    cfg = ExperimentConfig(name="tiny", model=str(test_organism), out=str(tmp_path), arms=["base", "bct"],
+                           per_family=2, trained={"sycophancy": ["suggested_answer"]}, log_with=["wandb"],
+                           train={"max_steps": 1, "batch_size": 2, "n_samples": 1, "max_new_tokens": 4, "lora_r": 4},
+                           eval={"suite": "sycophancy", "n": 2, "max_new_tokens": 4}, report=False)
+    run_experiment(cfg, log=lambda m: None)
+    runs = _wandb_runs(tmp_path / "wandb")
+    assert sorted(p for p, _ in runs) == ["eval-eval", "eval-eval", "experiment-tiny", "train-bct"]
+    logged = [r for r in _wandb_history(tmp_path / "wandb") if any(k.startswith(("base/", "bct/")) for k in r)]
+    assert sorted(k.split("/")[0] for r in logged for k in r if "/" in k and k.endswith("sycophancy_rate")) == \
+        ["base", "bct"]

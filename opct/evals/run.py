@@ -380,10 +380,9 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
         from opct.trackers import Trackers, metric_values
 
         # step 0 replaces what an earlier run of this evaluation (resumed, or run again) logged there
-        tracked = Trackers(cfg.log_with, out / "trackers", f"eval-{out.name}", asdict(cfg), first_step=0,
-                           resumable=True)
-        tracked.log(metric_values(metrics), step=0)
-        tracked.close()
+        with Trackers(cfg.log_with, out / "trackers", f"eval-{out.name}", asdict(cfg), first_step=0,
+                      resumable=True) as tracked:
+            tracked.log(metric_values(metrics), step=0)
     return metrics
 
 

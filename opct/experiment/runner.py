@@ -138,35 +138,34 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     with cpu_threads(count_parameters(model), cfg.eval.device, cfg.threads or None):
         from opct.trackers import Trackers, metric_values
 
-        tracked = Trackers(cfg.log_with, root / "trackers", f"experiment-{cfg.name}",
-                           {k: v for k, v in resolved.items() if not isinstance(v, (dict, list))})
-        cells = [(seed, arm) for seed in cfg.seeds for arm in cfg.arms]
-        t_start = time.time()
-        for i, (seed, arm) in enumerate(cells, 1):
-            d = cell_dir(root, arm, seed)
-            if (d / "done.json").exists():
-                log(f"[{i}/{len(cells)}] {arm} seed {seed}: done already, skipped")
-                continue
-            log(f"[{i}/{len(cells)}] {arm} seed {seed} ({time.time() - t_start:.0f} s into the experiment)")
-            seconds = {}
-            model_dir, adapter = model, None
-            if cfg.method(arm) not in UNTRAINED:
+        with Trackers(cfg.log_with, root / "trackers", f"experiment-{cfg.name}",
+                      {k: v for k, v in resolved.items() if not isinstance(v, (dict, list))}) as tracked:
+            cells = [(seed, arm) for seed in cfg.seeds for arm in cfg.arms]
+            t_start = time.time()
+            for i, (seed, arm) in enumerate(cells, 1):
+                d = cell_dir(root, arm, seed)
+                if (d / "done.json").exists():
+                    log(f"[{i}/{len(cells)}] {arm} seed {seed}: done already, skipped")
+                    continue
+                log(f"[{i}/{len(cells)}] {arm} seed {seed} ({time.time() - t_start:.0f} s into the experiment)")
+                seconds = {}
+                model_dir, adapter = model, None
+                if cfg.method(arm) not in UNTRAINED:
+                    t0 = time.time()
+                    pairs_file = _pairs_file(cfg, root, seed, log, arm)
+                    seconds["pairs"] = round(time.time() - t0, 1)
+                    t0 = time.time()
+                    model_dir, adapter = train_arm(cfg, arm, seed, model, pairs_file, d / "train", log)
+                    seconds["train"] = round(time.time() - t0, 1)
                 t0 = time.time()
-                pairs_file = _pairs_file(cfg, root, seed, log, arm)
-                seconds["pairs"] = round(time.time() - t0, 1)
-                t0 = time.time()
-                model_dir, adapter = train_arm(cfg, arm, seed, model, pairs_file, d / "train", log)
-                seconds["train"] = round(time.time() - t0, 1)
-            t0 = time.time()
-            metrics = evaluate_arm(cfg, seed, model_dir, adapter, d / "eval", log,
-                                   teacher_side=cfg.method(arm) == TEACHER)
-            tracked.log(metric_values(metrics, prefix=f"{arm}/"), step=seed)
-            seconds["eval"] = round(time.time() - t0, 1)
-            write_json_atomic(d / "done.json", {"arm": arm, "seed": seed, "seconds": seconds,
-                                                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-            log(f"[{i}/{len(cells)}] {arm} seed {seed}: done in {sum(seconds.values()):.0f} s "
-                f"({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())})")
-        tracked.close()
+                metrics = evaluate_arm(cfg, seed, model_dir, adapter, d / "eval", log,
+                                       teacher_side=cfg.method(arm) == TEACHER)
+                tracked.log(metric_values(metrics, prefix=f"{arm}/"), step=seed)
+                seconds["eval"] = round(time.time() - t0, 1)
+                write_json_atomic(d / "done.json", {"arm": arm, "seed": seed, "seconds": seconds,
+                                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                log(f"[{i}/{len(cells)}] {arm} seed {seed}: done in {sum(seconds.values()):.0f} s "
+                    f"({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())})")
         log(f"experiment {cfg.name}: {len(cells)} cells in {root} ({time.time() - t_start:.0f} s this run)")
         return root
 

@@ -40,7 +40,7 @@ from opct.train.context import RenderedPair, StepContext
 from opct.train import replay, sharded
 from opct.train.guards import check_lora_rank, check_vocab, lora_targets
 from opct.train.rundir import prepare_run_dir, truncate_metrics
-from opct.trackers import ended, resume_kwargs, scalars, usable
+from opct.trackers import ended, scalars, start as start_trackers, tracker_kwargs, usable
 
 # Every metrics.jsonl line has these (methods may add more); `skipped` marks a step whose update was dropped. A key
 # that a method does not define (e.g. `mean_delta` for SFT) is written as null.
@@ -307,8 +307,8 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
             PREPARE[config.method](run)
         replay_rows = replay.prepare(run, replay_plan) if replay_plan else []
     if trackers:  # resumed: the steps after the checkpoint are logged again (the interrupted run may have logged some)
-        kw = resume_kwargs(trackers, start + 1 if start else None, out / "trackers") if acc.is_main_process else None
-        acc.init_trackers(f"{out.name}-{config.method}", config=scalars(asdict(config)), init_kwargs=kw)
+        kw = tracker_kwargs(trackers, start + 1 if start else None, out / "trackers") if acc.is_main_process else None
+        start_trackers(acc, f"{out.name}-{config.method}", scalars(asdict(config)), kw)
     bar = tqdm(total=total_steps, initial=start, desc=f"{config.method} train", dynamic_ncols=True,
                disable=not (acc.is_main_process and config.progress))
     with ended(acc, bool(trackers)):  # however the loop is left
