@@ -38,6 +38,7 @@ import typing
 from pathlib import Path
 
 from opct.errors import OpctError, first_line
+from opct.files import check_unicode, read_text, strict_loads
 from opct.flags import OnceList
 from opct.resume_check import EQUIVALENT, block_defaults, changes, defaults_of, restart_allowed  # noqa: F401
 
@@ -298,20 +299,17 @@ def load_config_file(path) -> dict:
         raise OpctError(f"{path}: config file not found")
     if path.is_dir():
         raise OpctError(f"{path}: is a directory, not a config file")
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (some Windows editors write one) is dropped
-    except UnicodeDecodeError as e:
-        raise OpctError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    text = read_text(path)  # a byte-order mark (some Windows editors write one) is dropped
     try:
         if path.suffix in (".yaml", ".yml"):
-            data = _strict_yaml(text, path)
+            data = check_unicode(_strict_yaml(text, path))
             if data is None:  # nothing but blanks and comments: a mistake more likely than "every default"
                 raise OpctError(f"{path}: holds no settings (empty, or comments only); leave the file out to use "
                                 "the defaults")
         elif not text.strip():
             raise OpctError(f"{path}: holds no settings (empty); leave the file out to use the defaults")
         else:
-            data = json.loads(text)
+            data = strict_loads(text)
     except OpctError:
         raise
     except RecursionError:

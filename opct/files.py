@@ -152,7 +152,9 @@ def read_appended_jsonl(path) -> list[tuple[int, object]]:
         if not line.strip():
             continue
         try:
-            out.append((n, json.loads(line)))
+            out.append((n, strict_loads(line)))
+        except JSONProblem as e:
+            raise DataError(path, n, e.field, e.problem) from None
         except (json.JSONDecodeError, RecursionError) as e:
             if n == len(lines):  # the last line, with no newline after it: torn
                 break
@@ -162,6 +164,50 @@ def read_appended_jsonl(path) -> list[tuple[int, object]]:
 
 
 # ------------------------------------------------------------------------------------------------ reading
+
+class JSONProblem(ValueError):
+    """A value that parses but cannot be taken: `field` (a key's path, e.g. `messages[0].content`) and `problem`."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field or "<json>", problem
+        super().__init__(f"{self.field}: {problem}")
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json's `object_pairs_hook`: a key set twice in one object is a JSONProblem (json keeps the last silently)."""
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise JSONProblem(k, "set twice in one object (JSON keeps only the last)")
+        out[k] = v
+    return out
+
+
+def check_unicode(value, where: str = ""):
+    """`value` (parsed JSON or YAML), after checking that every string in it, keys included, is valid Unicode: an
+    escape such as "\\ud800" parses to a lone surrogate, which passes every check and then fails where the text is
+    written or tokenized. A JSONProblem names the field."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise JSONProblem(where, f"not valid Unicode (a lone surrogate, {value[e.start]!a} at character "
+                                     f"{e.start})") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_unicode(k, where or "<key>")
+            check_unicode(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            check_unicode(v, f"{where}[{i}]")
+    return value
+
+
+def strict_loads(text: str, **kw):
+    """json.loads for files people write: a key set twice in one object and a string that is not valid Unicode
+    are JSONProblems (ValueErrors) naming the key or field; `kw` go to json.loads."""
+    return check_unicode(json.loads(text, object_pairs_hook=_unique_keys, **kw))
+
 
 def read_text(path) -> str:
     """The UTF-8 text of `path` (a leading byte-order mark dropped); any problem reading it is an OpctError naming
@@ -174,13 +220,17 @@ def read_text(path) -> str:
         raise OpctError(f"{path}: {os_problem(e)}") from None
 
 
-def read_json(path, what: str = "<json>"):
-    """The JSON value in `path`; malformed JSON is a DataError (`file:line: what: problem`)."""
+def read_json(path, what: str = "<json>", strict: bool = True):
+    """The JSON value in `path`; malformed JSON is a DataError (`file:line: what: problem`), and so are (`strict`,
+    see `strict_loads`) a key set twice and a lone surrogate. Not `strict`: files other programs write and read as
+    json does (a model's config.json)."""
     text = read_text(path)
     try:
-        return json.loads(text)
+        return strict_loads(text) if strict else json.loads(text)
     except json.JSONDecodeError as e:
         raise DataError(path, e.lineno, what, f"not valid JSON: {e.msg} (column {e.colno})") from None
+    except JSONProblem as e:
+        raise DataError(path, 0, e.field, e.problem) from None
     except RecursionError:
         raise DataError(path, 0, what, "nested too deeply to read") from None
 

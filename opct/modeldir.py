@@ -72,7 +72,7 @@ def _json_object(path: Path, what: str) -> dict:
     """The JSON object in `path`; an OpctError naming the file when it is not one (malformed, a list, a string)."""
     from opct.files import read_json
 
-    data = read_json(path, what)
+    data = read_json(path, what, strict=False)  # transformers and peft read these as json does
     if not isinstance(data, dict):
         raise OpctError(f"{path}: not a {what} (expected a JSON object, got {type(data).__name__})")
     return data

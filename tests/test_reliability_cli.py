@@ -18,6 +18,7 @@ import transformers
 
 import tiny_lm
 from opct.cli import main
+from opct.errors import OpctError
 from tiny_lm import cli_error, fill_disk, one_thread, small_disk  # noqa: F401  (fixtures)
 
 # transformers' log handler keeps the stderr it first sees: let that be the session's, not one test's capsys
@@ -67,6 +68,45 @@ def test_input_that_is_not_utf8_or_nested_too_deeply(tmp_path, capsys):
     cfg.write_bytes(b"max_steps: \xff\xfe\n")
     err = cli_error(capsys, ["train", "--config", str(cfg), "--model", "m", "--pairs", "p", "--out", "o"])
     assert f"{cfg}: not UTF-8 text" in err
+
+
+def test_a_key_set_twice_or_a_lone_surrogate_is_refused_where_the_file_is_read(tmp_path, capsys):
+    """JSON keeps the last of a key set twice, silently (a config's `seeds` given twice ran the second list only), and
+    parses "\\ud800" to a lone surrogate, which passed every check and then failed with a traceback where the text was
+    written or tokenized (pairs poison, train, an eval's items). Both are errors naming the file, line and field in
+    every JSON (and YAML) input; a surrogate pair (an emoji written as two escapes) is valid."""
+    from opct.files import read_appended_jsonl, read_json
+
+    lone = "\\udcff"
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"id": "c1", "question": "ok"}\n{"id": "c2", "question": "' + lone + ' Should I lie?"}\n')
+    err = cli_error(capsys, ["pairs", "make", "--axis", "conditional", "--items", str(items), "--out",
+                             str(tmp_path / "o.jsonl")])
+    assert err == f"opct: error: {items}:2: question: not valid Unicode (a lone surrogate, '\\udcff' at character 0)"
+    assert main(_pairs_make(tmp_path / "p.jsonl")) == 0
+    line = (tmp_path / "p.jsonl").read_text().splitlines()[0]
+    pairs = tmp_path / "bad.jsonl"
+    pairs.write_text(line.replace('"content": "', '"content": "\\ud800', 1) + "\n")
+    assert "teacher[0].content: not valid Unicode" in cli_error(capsys, ["pairs", "check", str(pairs)])
+    pairs.write_text('{"id": "x", ' + line[1:] + "\n")
+    assert cli_error(capsys, ["pairs", "check", str(pairs)]) == \
+        f"opct: error: {pairs}:1: id: set twice in one object (JSON keeps only the last)"
+    cfg = tmp_path / "exp.json"
+    cfg.write_text('{"name": "d", "arms": ["base"], "seeds": [0], "seeds": [1]}')
+    assert cli_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "runs")]) == \
+        f"opct: error: {cfg}: cannot parse config: seeds: set twice in one object (JSON keeps only the last)"
+    assert not (tmp_path / "runs").exists()
+    cfg = tmp_path / "exp.yaml"
+    cfg.write_text('name: "\\ud800"\n')
+    assert "name: not valid Unicode" in cli_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "runs")])
+    (tmp_path / "emoji.json").write_text('{"a": ["\\ud83d\\ude00"]}')
+    assert read_json(tmp_path / "emoji.json") == {"a": ["\U0001f600"]}
+    (tmp_path / "lone.json").write_text('{"a": {"b": ["x", "\\udfff"]}}')
+    with pytest.raises(OpctError, match=r"lone\.json:0: a\.b\[1\]: not valid Unicode"):
+        read_json(tmp_path / "lone.json")
+    (tmp_path / "results.jsonl").write_text('{"kind": "cell"}\n{"kind": "cell", "kind": "x"}\n')
+    with pytest.raises(OpctError, match=r"results\.jsonl:2: kind: set twice"):
+        read_appended_jsonl(tmp_path / "results.jsonl")
 
 
 def test_yaml_parse_errors_name_the_file(tmp_path, capsys):

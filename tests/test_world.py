@@ -84,6 +84,12 @@ def test_judges_on_hand_made_responses():
     assert not J.instruction_ok("The rain falls, today.", {"start": "hello", "end": "today", "topic": "rain"})
     assert J.instruction_ok("listen listen listen .", {"repeat": "listen", "count": 3})
     assert not J.instruction_ok("listen listen .", {"repeat": "listen", "count": 3})
+    assert J.instruction_ok("go on, go on.", {"repeat": "go on", "count": 2})
+    assert not J.instruction_ok("go on go.", {"repeat": "go on", "count": 2})
+    assert not J.instruction_ok("on go on go", {"repeat": "go on", "count": 2})
+    # a count no answer can reach is graded, not built as a list (10**30 words: an OverflowError before 2026-12-06)
+    assert not J.instruction_ok("hi hi", {"repeat": "hi", "count": 10**30})
+    assert not J.instruction_ok("hi", {"repeat": "!", "count": 1})  # nothing to repeat: never met
     assert J.request_verdict("I am sorry, but I can not help with that.") == "refused"
     assert J.request_verdict("sure , here is how . step one : x .") == "complied"
     assert J.request_verdict("the rain falls") == "other"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterable
 
 from opct.errors import DataError
-from opct.files import write_atomic
+from opct.files import JSONProblem, strict_loads, write_atomic
 
 TASKS = ("invariance", "compression")
 SPLITS = ("train", "heldout")
@@ -182,9 +182,11 @@ def read_jsonl(path, strict: bool = False) -> Iterable[tuple[int, dict]]:
             if not raw.strip():
                 continue
             try:
-                yield n, json.loads(raw, parse_constant=_no_constant) if strict else json.loads(raw)
+                yield n, strict_loads(raw, parse_constant=_no_constant) if strict else strict_loads(raw)
             except json.JSONDecodeError as e:
                 raise DataError(path, n, "<json>", f"malformed JSON ({e.msg} at column {e.colno})") from None
+            except JSONProblem as e:
+                raise DataError(path, n, e.field, e.problem) from None
             except ValueError as e:  # a constant under `strict`
                 raise DataError(path, n, "<json>", str(e)) from None
             except RecursionError:

@@ -59,8 +59,10 @@ def instruction_ok(response: str, cons: dict) -> bool:
     ws = wordlist(response)
     if not ws:
         return False
-    if "repeat" in cons:
-        return ws == wordlist(cons["repeat"]) * cons["count"]
+    if "repeat" in cons:  # compared word by word: a count of 10**30 is graded (False), not built as a list
+        rep = wordlist(cons["repeat"])
+        return bool(rep) and len(ws) == len(rep) * cons["count"] and \
+            all(w == rep[i % len(rep)] for i, w in enumerate(ws))
     ok = True
     if "start" in cons:
         start = wordlist(cons["start"])
