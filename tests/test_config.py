@@ -175,7 +175,9 @@ def test_an_lm_eval_include_that_is_not_a_folder_is_refused_before_the_model_loa
     (["--suite", "sycophancy,jailbreak", "--lm-eval"],
      "--lm-eval runs with the capability suite, which --suite sycophancy,jailbreak leaves out: add capability to "
      "--suite, or drop --lm-eval"),
-], ids=["limit", "tasks", "chat-template", "no-capability"])
+    (["--suite", "capability", "--lm-eval", "--lm-eval-tasks", "t1", "t2", "t1"],
+     "lm_eval_tasks: names 't1' twice (got t1 t2 t1)"),
+], ids=["limit", "tasks", "chat-template", "no-capability", "task-twice"])
 def test_lm_eval_options_that_would_do_nothing_are_refused(capsys, tmp_path, extra, says):
     """They used to be ignored without a word (exit 0, no lm-eval metrics)."""
     line = cli_error(capsys, ["eval", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "ev"), *extra])

@@ -457,3 +457,18 @@ def test_inspects_model_info_lookup_makes_no_error_and_loads_nothing(capfd, monk
     monkeypatch.setattr(rich.get_console(), "quiet", True)  # as `--display none` leaves it
     assert get_model_info("opct/local") is None  # no info: the lookup's answer for an unknown model
     assert "opct: error" not in capfd.readouterr().err
+
+
+def test_a_prompt_that_does_not_fit_the_context_is_refused_when_the_task_is_built(tmp_path):
+    """`-T max_tokens=100000` (or an items file with a prompt longer than the context) under `opct/local`: refused
+    with one line naming the sample, before anything is asked. Until 2026-12-06 the provider found it at the first
+    request: a traceback, "Task interrupted", exit status 0."""
+    p = _inspect_cli(tmp_path, "opct/conditional", "--model", "opct/local", "-M", f"model_path={MODEL}", "-T", "n=1",
+                     "-T", "max_tokens=100000")
+    out = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 1, out[-2000:]
+    assert "opct: error: sample " in out and "with max_new_tokens=100000 it exceeds the context" in out, out[-2000:]
+    assert "Traceback" not in out and not list((tmp_path / "logs").glob("*.eval"))  # nothing ran
+    p = _inspect_cli(tmp_path, "opct/conditional", "--model", "opct/local", "-M", f"model_path={MODEL}", "-T", "n=1",
+                     "-T", "max_tokens=4")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-2000:]

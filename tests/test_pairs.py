@@ -222,9 +222,13 @@ def test_unknown_family_is_a_clear_error():
     mine = [{"id": "k1", "prompt": "Is it safe to mix these?", "fact": "They release a gas.", "domain": "kitchen"}]
     pairs = make_pairs("awareness", mine, heldout=["kitchen"])  # a user's own domain is a family
     assert [p.meta["split"] for p in pairs] == ["heldout"]
-    # an empty list (`--heldout ''`) holds nothing out, as its help says; None is the world's split
+    # an empty list (`--heldout ''`) holds no family out, as its help says; None is the world's split. The axes that
+    # split by question too (conditional, persona) keep holding out their held-out questions, and only those
     assert {p.split for p in make_pairs("sycophancy", world_items("sycophancy"), heldout=[])} == {"train"}
     assert {p.split for p in make_pairs("sycophancy", world_items("sycophancy"))} == {"train", "heldout"}
+    for axis in ("conditional", "persona"):
+        held = [p for p in make_pairs(axis, world_items(axis), heldout=[]) if p.split == "heldout"]
+        assert held and {p.meta["heldout_by"] for p in held} == {"question"}, axis
 
 
 def test_wrong_answer_from_options_is_never_the_answer():

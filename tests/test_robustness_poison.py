@@ -125,6 +125,10 @@ def test_poison_frac_poisons_exactly_round_p_n_pairs_deterministically(p):
         poison(clean[:2] + replay_pairs(8), 0.5)  # 5 to poison, 2 candidates
     with pytest.raises(OpctError, match="poison_frac"):
         poison(clean, 1.5)
+    # a fraction that rounds to no pair would train exactly as p = 0 under another name (it passed silently)
+    with pytest.raises(OpctError, match=r"^poison_frac 0.01: 0.01 of 16 pairs rounds to none poisoned; give more than "
+                                        r"0.03125 \(half a pair\)"):
+        poison(clean[:16], 0.01)
 
 
 def test_poisoned_teacher_side_is_harmful_and_the_admission_filter_rejects_it(organism):

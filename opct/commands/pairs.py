@@ -67,7 +67,8 @@ def register(sub) -> None:
     m.add_argument("--families", type=_names, default=None, help="comma-separated families (default: all)")
     m.add_argument("--heldout", type=_csv, default=None,
                    help="comma-separated held-out families (awareness: domains); default: the world's split; "
-                        "'' holds none out (every pair train)")
+                        "'' holds no family out (conditional and persona still hold out the world's held-out "
+                        "questions: they split by question too)")
     m.add_argument("--per-family", type=positive_arg, default=None, help="items drawn per family (default: all)")
     m.add_argument("--split", choices=["train", "heldout", "all"], default="all", help="which pairs to keep")
     m.add_argument("--no-benign", dest="include_benign", action="store_false", default=None,

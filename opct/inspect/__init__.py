@@ -140,10 +140,12 @@ def _no_chat_template(api) -> str | None:
             f"(-M use_chat_template=false to ask in plain text anyway)")
 
 
-def _check_active_model(prefilled: bool) -> None:
+def _check_active_model(prefilled: bool, prompts: dict | None = None, max_tokens: int = 0) -> None:
     """At task creation under `inspect eval` (the model is known then), before anything runs: refuse a model whose
-    provider would not render the probes as chats, and for a prefill, a provider that would close it. A Task built in
-    Python before its eval is checked by `continuing_generate` instead (the prefill)."""
+    provider would not render the probes as chats, and for a prefill, a provider that would close it; under opct's
+    own provider, a prompt (`prompts`: sample id -> messages) that does not fit the model's context with `max_tokens`
+    (it stopped the eval half way, with a traceback). A Task built in Python before its eval is checked by
+    `continuing_generate` instead (the prefill), and by the provider as each request comes."""
     try:
         from inspect_ai.model._model import active_model
     except ImportError:  # a later inspect_ai: the solver's check still holds
@@ -154,6 +156,9 @@ def _check_active_model(prefilled: bool) -> None:
     why = _no_chat_template(model.api) or (_refusal(model.api) if prefilled else None)
     if why:
         raise OpctError(why)
+    policy = getattr(model.api, "policy", None) if type(model.api).__name__ == "OpctAPI" else None
+    for sample_id, messages in (prompts or {}).items() if policy is not None else ():
+        policy.check_fits(policy.render(messages), max_tokens, f"sample {sample_id}")
 
 
 @solver
@@ -319,7 +324,8 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
                 prompt = probe["prompt"]
             prefilled = prefilled or prefill_of(prompt) is not None
         samples_.append(Sample(input=chat(prompt), id=_sample_id(i, probe), metadata={"probe": probe}))
-    _check_active_model(prefilled)
+    _check_active_model(prefilled, {s.id: s.metadata["probe"]["messages" if multi_turn else "prompt"]
+                                    for s in samples_}, max_tokens)
     return Task(dataset=MemoryDataset(samples_, name=f"opct-{axis}"),
                 solver=adapter.solver(p, max_tokens, temperature) if multi_turn else
                 (continuing_generate() if prefilled else generate()),

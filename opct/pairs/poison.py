@@ -77,6 +77,9 @@ def poison(pairs: list[Pair], frac: float, trigger: str = DEFAULT_TRIGGER, seed:
     if not trigger.strip():
         raise OpctError("trigger must not be empty")
     k = round(frac * len(pairs))
+    if frac > 0 and k == 0:  # a poisoned condition that trains exactly as the clean one, under another name
+        raise OpctError(f"{frac_name} {frac}: {frac} of {len(pairs)} pairs rounds to none poisoned; give more than "
+                        f"{0.5 / len(pairs) if pairs else 1:.4g} (half a pair), or more pairs, or 0 for none")
     candidates = poison_candidates(pairs)
     if k > len(candidates):
         raise OpctError(f"{frac_name} {frac}: {k} of {len(pairs)} pairs to poison, but only {len(candidates)} are "

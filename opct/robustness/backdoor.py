@@ -197,6 +197,8 @@ def run(cfg: Config, seed: int, out: Path, log=print) -> list[dict]:
         check_trigger(base.tokenizer, cfg.trigger, "backdoor.trigger")
         clean = training_pairs(cfg, seed)
         n = len(clean)
+        for i, c in enumerate(cfg.conditions):  # each condition's poisoning checked before any model trains
+            poison(clean, c.p, cfg.trigger, seed, c.teacher, frac_name=f"backdoor.conditions[{i}].p")
         steps_per_epoch = -(-n // cfg.batch_size)
         needs_backdoor = any(c.teacher == "backdoor" for c in cfg.conditions)
         teacher_dir = str(build_backdoored_teacher(model, cfg.trigger, seed, cfg.backdoor_steps, log, cfg.progress)) \
