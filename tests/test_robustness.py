@@ -278,6 +278,13 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
     ({"replay": {"conditions": {"a": {"replay_schedule": "later"}}}},
      "studies.replay.conditions.a.replay_schedule: must be one of mixed, sequential"),
     ({"replay": {"methods": ["dpo"]}}, "studies.replay.methods[0]: unknown method 'dpo'"),
+    # a condition names a directory of the seed's (OUT/<method>-<axis>-<condition>/): 'a/../..' trained outside it
+    ({"replay": {"conditions": {"a/../../../../../ESCAPED": {"replay_frac": 0.25}}}},
+     "studies.replay.conditions: a condition name must be a non-empty directory name (got 'a/../../../../../ESCAPED')"),
+    ({"replay": {"conditions": {"..": {}}}},
+     "studies.replay.conditions: a condition name must be a non-empty directory name (got '..')"),
+    ({"replay": {"conditions": {"": {}}}},
+     "studies.replay.conditions: a condition name must be a non-empty directory name (got '')"),
     ({"replay": {"train": {"replay_frac": "lots"}}}, "studies.replay.train.replay_frac: must be a number"),
     ({"replay": {"train": {"seed": 1}}}, "seed is set by the runner"),
     ({"replay": {"axes": ["capability"]}}, "studies.replay.axes[0]: must be an axis that trains on pairs"),
