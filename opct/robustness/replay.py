@@ -96,3 +96,12 @@ def run(cfg: Config, seed: int, out: Path, log) -> list[dict]:
                 m = C.evaluate(model_dir, adapter, cfg.axes, cfg.eval, trained, seed, d / "eval", log)
                 rows += C.metric_rows(NAME, method, axis, cond, tc.replay_frac, m, names)
     return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    from opct.robustness import replay as study  # this module under its own name, not __main__
+    from opct.robustness.standalone import main
+
+    sys.exit(main(study))
