@@ -290,6 +290,8 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
     ({"replay": {"axes": ["capability"]}}, "studies.replay.axes[0]: must be an axis that trains on pairs"),
     ({"replay": {"methods": ["bct"], "method_train": {"bct": {"bogus": 1}}}},
      "studies.replay.method_train.bct: unknown TrainConfig field(s) bogus; known: "),  # not '.bct.<file>: '
+    ({"replay": {"axes": ["sycophancy"], "trained": {"sycophancy": ["authority", "authority"]}}},
+     "studies.replay.trained.sycophancy: families must not repeat"),  # its pairs were made twice, with the same ids
     ({"poison": {}}, "studies: unknown study 'poison'"),
     ({"washout": {"model": "x"}}, "model is set by the runner"),
 ])
