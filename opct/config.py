@@ -44,14 +44,14 @@ from opct.resume_check import EQUIVALENT, block_defaults, changes, defaults_of, 
 
 
 class ConfigError(OpctError, ValueError):
-    """A config value that breaks its field's type or rules. `field` is the dotted path of the field."""
+    """A config value that breaks its field's type or rules. `field`: its dotted path ("": a mapping as a whole)."""
 
     def __init__(self, field: str, problem: str):
         self.field, self.problem = field, problem
-        super().__init__(f"{field}: {problem}")
+        super().__init__(f"{field}: {problem}" if field else problem)  # not 'arms.x.<file>: ...'
 
     def under(self, prefix: str) -> "ConfigError":
-        return ConfigError(f"{prefix}.{self.field}" if prefix else self.field, self.problem)
+        return ConfigError(".".join(p for p in (prefix, self.field) if p), self.problem)
 
 
 # The rules of a seed (`option(0, "...", **SEED)`): numpy's generators take 0 .. 2**32 - 1 and nothing else.
@@ -240,11 +240,11 @@ def check_keys(cls, data: dict, prefix: str = "", reserved=(), label: str | None
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(fields), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(prefix or "<file>", f"unknown {label} field(s) {', '.join(unknown)}{hint}; known: "
+        raise ConfigError(prefix, f"unknown {label} field(s) {', '.join(unknown)}{hint}; known: "
                                             f"{', '.join(sorted(fields))}")
     clash = sorted(set(data) & set(reserved))
     if clash:
-        raise ConfigError(prefix or "<file>",
+        raise ConfigError(prefix,
                           f"{', '.join(clash)} {'is' if len(clash) == 1 else 'are'} set by the runner per arm and "
                           f"seed; remove {'it' if len(clash) == 1 else 'them'}")
     for k in data:
@@ -257,7 +257,7 @@ def construct(cls, data: dict, prefix: str = "", reserved=()):
     """`cls(**data)` for a mapping read from a file: unknown keys, flag-only fields and bad values are ConfigErrors
     under `prefix` (the field path of a nested block)."""
     if not isinstance(data, dict):
-        raise ConfigError(prefix or "<file>", f"must be a mapping of {cls.__name__} fields (got {_shown(data)})")
+        raise ConfigError(prefix, f"must be a mapping of {cls.__name__} fields (got {_shown(data)})")
     check_keys(cls, data, prefix, reserved)
     try:
         return cls(**data)
@@ -374,7 +374,7 @@ def build_config(cls, args: argparse.Namespace | None = None, config_file=None, 
         try:
             check_keys(cls, file_data, label=_label(cls))
         except ConfigError as e:
-            raise OpctError(f"{where}: {e}" if e.field != "<file>" else f"{where}: {e.problem}") from None
+            raise OpctError(f"{where}: {e}") from None
         values.update(file_data)
         source.update(dict.fromkeys(file_data, where))
     flags = flag_values(cls, args)

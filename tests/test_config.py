@@ -71,6 +71,8 @@ def test_train_flags_are_checked(capsys, tmp_path, flag, value, needle):
     ({"arms": {"topk": {"method": "opct", "estimator": "nope"}}}, "arms.topk.estimator: must be one of"),
     ({"arms": {"quick": {"method": "opct", "max_steps": 0}}}, "arms.quick.max_steps: must be >= 1"),
     ({"arms": {"x": {"method": "magic"}}}, "arms.x.method: unknown arm(s) magic"),
+    # the arm's mapping as a whole, not 'arms.x.<file>' (a placeholder from the nested block's check)
+    ({"arms": {"x": {"method": "bct", "bogus": 1}}}, "arms.x: unknown TrainConfig field(s) bogus; known: "),
     # `..` wrote its cells into OUT/<seed>/, outside the experiment (and its lock); `.` into the experiment's root
     ({"arms": {"..": {"method": "base"}}}, "arms: an arm name must be a non-empty directory name (got '..')"),
     ({"arms": [".", "opct"]}, "arms: an arm name must be a non-empty directory name (got '.')"),

@@ -4,6 +4,7 @@ import random
 import pytest
 
 from opct.axes import jailbreak as JB
+from opct.axes import pair_axes
 from opct.axes import sycophancy as SY
 from opct.cli import main
 from opct.errors import DataError, OpctError
@@ -272,3 +273,25 @@ def test_an_empty_families_list_is_an_error(tmp_path, capsys):
         main(["pairs", "make", "--axis", "sycophancy", "--families", ",", "--out", str(tmp_path / "p.jsonl")])
     assert "argument --families: expected comma-separated names (got ',')" in capsys.readouterr().err
     assert not (tmp_path / "p.jsonl").exists()
+
+
+@pytest.mark.parametrize("axis", pair_axes())
+def test_a_family_named_twice_is_an_error_on_every_axis(tmp_path, capsys, axis):
+    """`--families evil_assistant,evil_assistant` made that family's pairs twice, with the same ids (then refused by
+    `opct pairs check`); refused for every axis, as `--suite` refuses an axis named twice, and so is `--heldout`."""
+    from opct.axes import AXES
+
+    fam = AXES[axis].families[0]
+    for flag in ("--families", "--heldout"):
+        with pytest.raises(SystemExit) as e:
+            main(["pairs", "make", "--axis", axis, flag, f"{fam},{fam}", "--out", str(tmp_path / "p.jsonl")])
+        assert e.value.code == 2
+        assert f"argument {flag}: names {fam!r} twice (got '{fam},{fam}')" in capsys.readouterr().err
+        assert not (tmp_path / "p.jsonl").exists()
+    # the library call, which the studies and the runners make: refused too, not made twice
+    items = world_items(axis)
+    with pytest.raises(OpctError, match=f"{axis} families name {fam!r} twice"):
+        make_pairs(axis, items, families=[fam, fam])
+    with pytest.raises(OpctError, match=f"{axis} held-out families name {fam!r} twice"):
+        make_pairs(axis, items, heldout=[fam, fam])
+

@@ -278,16 +278,27 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
     ({"replay": {"conditions": {"a": {"replay_schedule": "later"}}}},
      "studies.replay.conditions.a.replay_schedule: must be one of mixed, sequential"),
     ({"replay": {"methods": ["dpo"]}}, "studies.replay.methods[0]: unknown method 'dpo'"),
+    # a condition names a directory of the seed's (OUT/<method>-<axis>-<condition>/): 'a/../..' trained outside it
+    ({"replay": {"conditions": {"a/../../../../../ESCAPED": {"replay_frac": 0.25}}}},
+     "studies.replay.conditions: a condition name must be a non-empty directory name (got 'a/../../../../../ESCAPED')"),
+    ({"replay": {"conditions": {"..": {}}}},
+     "studies.replay.conditions: a condition name must be a non-empty directory name (got '..')"),
+    ({"replay": {"conditions": {"": {}}}},
+     "studies.replay.conditions: a condition name must be a non-empty directory name (got '')"),
     ({"replay": {"train": {"replay_frac": "lots"}}}, "studies.replay.train.replay_frac: must be a number"),
     ({"replay": {"train": {"seed": 1}}}, "seed is set by the runner"),
     ({"replay": {"axes": ["capability"]}}, "studies.replay.axes[0]: must be an axis that trains on pairs"),
+    ({"replay": {"methods": ["bct"], "method_train": {"bct": {"bogus": 1}}}},
+     "studies.replay.method_train.bct: unknown TrainConfig field(s) bogus; known: "),  # not '.bct.<file>: '
+    ({"replay": {"axes": ["sycophancy"], "trained": {"sycophancy": ["authority", "authority"]}}},
+     "studies.replay.trained.sycophancy: families must not repeat"),  # its pairs were made twice, with the same ids
     ({"poison": {}}, "studies: unknown study 'poison'"),
     ({"washout": {"model": "x"}}, "model is set by the runner"),
 ])
 def test_bad_robustness_files_name_the_file_and_the_field(tmp_path, capsys, studies, needle):
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({"kind": "robustness", "studies": studies}))
-    line = cli_error(capsys, ["run", str(path)])
+    line = cli_error(capsys, ["run", str(path), "--out", str(tmp_path / "runs")])  # what gets past: under tmp_path
     assert str(path) in line and needle in line, line
 
 
@@ -302,8 +313,8 @@ def test_flags_and_shipped_file(tmp_path, capsys):
     assert quick.run_name() == "robustness-quick" and quick.built["replay"].train.max_steps < 200
     assert "--replay-frac: must be < 1" in cli_error(capsys, ["train", "--model", "x", "--pairs", "y", "--out",
                                                               str(tmp_path / "o"), "--replay-frac", "1"])
-    assert "--quick is for robustness and threats files" in cli_error(capsys, ["run", str(ROOT / "configs" / "demo.yaml"),
-                                                                  "--quick"])
+    assert "--quick is for robustness and threats files" in cli_error(
+        capsys, ["run", str(ROOT / "configs" / "demo.yaml"), "--quick"])
     assert "--arms: not a setting of a robustness file" in cli_error(
         capsys, ["run", str(ROOT / "configs" / "robustness.yaml"), "--arms", "base"])
     assert "--no-benign: not a setting of a robustness file" in cli_error(  # named as typed

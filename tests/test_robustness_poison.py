@@ -412,3 +412,53 @@ def test_study_configs_load_and_bad_fields_name_the_field():
         construct(backdoor.Config, {"conditions": [{"estimator": "paper"}]}, prefix="backdoor")
     with pytest.raises(OpctError, match="reasons.conditions"):
         construct(reasons.Config, {"conditions": ["because"]}, prefix="reasons")
+
+
+# ------------------------------------------------------------------------------------------------ a study alone
+
+STUDY_NAMES = ("replay", "washout", "reasons", "backdoor")
+
+
+@pytest.mark.parametrize("study", STUDY_NAMES)
+def test_python_m_study_runs_its_main_without_runpy_warning(tmp_path, study):
+    """`python -m opct.robustness.<study>`: replay and washout exited 0 having done nothing (no `__main__` block);
+    every study printed runpy's "found in sys.modules" RuntimeWarning (the package imported its studies)."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"{study}: {{}}\n")
+    got = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", f"opct.robustness.{study}", str(cfg),
+                          "--seeds", "0", "0", "--out", str(tmp_path / "o")], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=120)
+    assert (got.returncode, got.stderr) == (1, "opct: error: --seeds: must not repeat (got 0 0)\n"), got.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("text, argv, needle", [
+    # a seed given twice ran twice and was counted twice (n_seeds=2); `opct run` refuses it (checked first)
+    ("reasons: {max_steps: 0}\n", ["--seeds", "0", "0"], "--seeds: must not repeat (got 0 0)"),
+    # a --block the file lacks, or a block that is no mapping, was taken for the whole file: 'CFG: <file>: unknown
+    # Config field(s) reasons'
+    ("reasons: {max_steps: 1}\n", ["--block", "nope"], "CFG: --block nope: no such key in the file (its keys: "
+                                                        "reasons)"),
+    ("reasons: 5\n", [], "CFG: reasons: must be a mapping of the reasons study's settings (got 5)"),
+    ("reasons: {bogus: 1}\n", [], "CFG: reasons: unknown Config field(s) bogus; known: "),
+    ("bogus: 1\n", [], "CFG: unknown Config field(s) bogus; known: "),
+    ("reasons: {max_steps: 0}\n", [], "CFG: reasons.max_steps: must be >= 1 (got 0)"),
+    # --out naming a file: NotADirectoryError's traceback from the first seed's directory
+    ("reasons: {max_steps: 1}\n", ["--out", "FILE"], "FILE: is a file, not a directory"),
+])
+def test_a_study_alone_refuses_bad_input_in_one_line(tmp_path, capsys, text, argv, needle):
+    from opct.robustness import reasons
+    from opct.robustness.standalone import main
+
+    cfg, file = tmp_path / "c.yaml", tmp_path / "a-file"
+    cfg.write_text(text)
+    file.write_text("")
+    argv = [str(file) if a == "FILE" else a for a in argv]
+    assert main(reasons, [str(cfg), "--out", str(tmp_path / "o"), *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("opct: error: " + needle.replace("CFG", str(cfg)).replace("FILE", str(file))), err
+    assert err.count("\n") == 1 and "<file>" not in err, err
+

@@ -144,6 +144,8 @@ def test_report_files(tiny_run):
                                         ({"train": {"lrr": 1}}, "train"), ({"seeds": [0, 0]}, "seeds"),
                                         ({"method_train": {"act": {"batch_size": 3}}}, "method_train.act.batch_size"),
                                         ({"trained": {"jailbreak": ["role_play"]}}, "trained.jailbreak"),
+                                        ({"trained": {"sycophancy": ["authority", "authority"]}},
+                                         "trained.sycophancy"),  # families named twice: their pairs made twice
                                         ({"control": "nothing"}, "control"), ({"eval": {"attack": True}}, "eval")])
 def test_bad_fields_name_the_field(tmp_path, over, field):
     from opct.config import ConfigError

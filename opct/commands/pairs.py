@@ -10,11 +10,19 @@ from opct.flags import path_arg
 
 
 def _csv(text: str) -> list[str]:
-    return [t.strip() for t in text.split(",") if t.strip()]
+    """--heldout: comma-separated names, none twice (as --suite; a family named twice made its pairs twice, with the
+    same ids, on most axes)."""
+    import argparse
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if twice is not None:
+        raise argparse.ArgumentTypeError(f"names {twice!r} twice (got {text!r})")
+    return names
 
 
 def _names(text: str) -> list[str]:
-    """--families: at least one name (an empty list meant every family, without a word)."""
+    """--families: at least one name (an empty list meant every family, without a word), none twice."""
     import argparse
 
     names = _csv(text)

@@ -47,6 +47,10 @@ def make_pairs(axis: str, items: list[dict], families=None, heldout=None, per_fa
             raise OpctError(f"{axis} pair option {k}: must be one of {', '.join(a.pair_options[k])} (got {v!r})")
     if per_family is not None and per_family < 1:
         raise OpctError(f"--per-family must be at least 1 (got {per_family})")
+    for flag, names in (("", families), ("held-out ", heldout)):  # twice: its pairs made twice, with the same ids
+        twice = next((n for i, n in enumerate(names or ()) if n in names[:i]), None)
+        if twice is not None:
+            raise OpctError(f"{axis} {flag}families name {twice!r} twice (got {', '.join(map(str, names))})")
     for flag, names in (("", families), ("held-out ", heldout)):  # a misspelt held-out family would hold out nothing
         unknown = [f for f in names or () if f not in a.families]
         if unknown and not a.open_families:

@@ -18,16 +18,17 @@ and reports them together (`opct.robustness.runner`). A study is a module here e
 The runner aggregates rows over seeds by (study, method, axis, condition, x, metric): mean, 95% t-interval, n;
 tables per study (rows method x condition [x], columns metric), curves where x is numeric.
 
-Adding a study = its module, one line in STUDIES, and a block under `studies:` in the file.
-Each study also runs alone: `python -m opct.robustness.<study> CONFIG [--seeds 0 1 2] [--out DIR] [--block KEY]`
-(opct.robustness.standalone; reasons and backdoor).
+Adding a study = its module (ending in the `__main__` block the others end in), one line in STUDIES
+(`opct.robustness.studies`), and a block under `studies:` in the file. Each study also runs alone:
+`python -m opct.robustness.<study> CONFIG [--seeds 0 1 2] [--out DIR] [--block KEY]` (opct.robustness.standalone).
 """
 
-from opct.robustness import backdoor, reasons, replay, washout
 
-STUDIES = {
-    "replay": replay,  # on-model benign replay (replay_frac x schedule): capability and the trained behaviour
-    "washout": washout,  # follow-up benign SFT at doses: the wash fraction per method and axis
-    "reasons": reasons,  # training on the reason: reason / filler / masked targets, transfer to held-out families
-    "backdoor": backdoor,  # poisoned pairs, a backdoored teacher, estimators, the log-ratio clip, admission
-}
+def __getattr__(name):
+    """`opct.robustness.STUDIES`, read from `opct.robustness.studies` when asked for (importing the studies here
+    made `python -m opct.robustness.<study>` warn that the module was imported before it ran)."""
+    if name == "STUDIES":
+        from opct.robustness.studies import STUDIES
+
+        return STUDIES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -90,6 +90,8 @@ def check_blocks(cfg) -> None:
                                               f"known: {', '.join(AXES[a].families)}")
         if not fams:
             raise ConfigError(f"trained.{a}", "must name at least one family")
+        if len(set(fams)) != len(fams):  # as an experiment's: the family's pairs were made twice, with the same ids
+            raise ConfigError(f"trained.{a}", "families must not repeat")
     for a, names in cfg.metrics.items():
         if a not in cfg.axes:
             raise ConfigError(f"metrics.{a}", f"not one of the axes ({', '.join(cfg.axes)})")

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from opct.config import ConfigError, option
 from opct.evals.run import EvalConfig
+from opct.files import is_dir_name
 from opct.robustness import cells as C
 from opct.train.config import TrainConfig
 
@@ -55,6 +56,8 @@ class Config:
     def __post_init__(self):
         C.check_blocks(self)
         for name, spec in self.conditions.items():
+            if not is_dir_name(name):  # OUT/<method>-<axis>-<condition>/: 'a/../..' trained outside the run
+                raise ConfigError("conditions", f"a condition name must be a non-empty directory name (got {name!r})")
             if not isinstance(spec, dict):
                 raise ConfigError(f"conditions.{name}", f"must be a mapping {{replay_frac, replay_schedule}} "
                                                         f"(got {spec!r})")
@@ -93,3 +96,12 @@ def run(cfg: Config, seed: int, out: Path, log) -> list[dict]:
                 m = C.evaluate(model_dir, adapter, cfg.axes, cfg.eval, trained, seed, d / "eval", log)
                 rows += C.metric_rows(NAME, method, axis, cond, tc.replay_frac, m, names)
     return rows
+
+
+if __name__ == "__main__":
+    import sys
+
+    from opct.robustness import replay as study  # this module under its own name, not __main__
+    from opct.robustness.standalone import main
+
+    sys.exit(main(study))

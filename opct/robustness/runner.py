@@ -43,7 +43,7 @@ class RobustnessConfig:
                         nonempty=True)
     out: str = option("runs", "root directory", nonempty=True)
     seeds: list[int] = option([0, 1, 2], "seeds; every study runs once per seed", nonempty=True, **SEED)
-    studies: dict[str, dict] = option(help="study name (opct.robustness.STUDIES) -> its Config fields",
+    studies: dict[str, dict] = option(help="study name (opct.robustness.studies.STUDIES) -> its Config fields",
                                       factory=default_studies, nonempty=True)
     quick: bool = option(False, "smaller sizes (each study's QUICK: fewer steps, doses and items)")
     threads: int = option(0, "torch CPU threads (0: opct's default for the model's size)", ge=0)
@@ -53,7 +53,7 @@ class RobustnessConfig:
     report: bool = option(True, "write results.md and report.html at the end")
 
     def __post_init__(self):
-        from opct.robustness import STUDIES
+        from opct.robustness.studies import STUDIES
 
         validate(self)
         if not is_dir_name(self.name):
@@ -142,7 +142,7 @@ def _study_changes(name: str, saved: dict, now: dict) -> list[str]:
     started before a new option existed resumes)."""
     from opct.config import block_defaults, defaults_of
     from opct.evals.run import EvalConfig
-    from opct.robustness import STUDIES
+    from opct.robustness.studies import STUDIES
     from opct.train.config import TrainConfig
 
     module = STUDIES.get(name)
@@ -195,7 +195,7 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
 
     from opct.experiment.runner import resolve_model
     from opct.policy import count_parameters, cpu_threads
-    from opct.robustness import STUDIES
+    from opct.robustness.studies import STUDIES
     from opct.robustness.cells import train_config
     from opct.train.loop import check_samplers
 

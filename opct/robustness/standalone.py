@@ -1,7 +1,8 @@
 """Run one robustness study alone, for testing it: `python -m opct.robustness.<study> CONFIG [--seeds 0 1 2]
 [--out DIR] [--block KEY] [--quick]`. CONFIG is a YAML/JSON file; its mapping under KEY (default: the study's name,
-else the whole file) holds the study's `Config` fields; `--quick` puts the study's QUICK on top. Rows go to OUT/rows.jsonl; a summary (mean and 95% t-interval over
-seeds of every metric at the last x) is printed. A rerun resumes (finished pieces are kept)."""
+else the whole file) holds the study's `Config` fields; `--quick` puts the study's QUICK on top. Rows go to
+OUT/rows.jsonl; a summary (mean and 95% t-interval over seeds of every metric at the last x) is printed. A rerun
+resumes (finished pieces are kept). Every study of `opct.robustness.studies.STUDIES` runs this way."""
 
 from __future__ import annotations
 
@@ -54,9 +55,28 @@ def summarize(rows: list[dict]) -> list[str]:
     return out
 
 
-def main(study_module, argv=None) -> int:
-    from opct.config import construct, load_config_file, seed_arg
+def study_block(data: dict, key: str | None, study: str, path) -> tuple[dict, str]:
+    """The study's settings in CONFIG and the field path that names them: the mapping under `key` (--block), else
+    under the study's name, else the whole file. A --block the file lacks, or a block that is no mapping, is an
+    error naming it (both were taken for the whole file: `unknown Config field(s) reasons`)."""
     from opct.errors import OpctError
+
+    if key is None:
+        if study not in data:
+            return data, ""
+        key = study
+    if key not in data:
+        raise OpctError(f"{path}: --block {key}: no such key in the file (its keys: {', '.join(map(str, data))})")
+    if not isinstance(data[key], dict):
+        raise OpctError(f"{path}: {key}: must be a mapping of the {study} study's settings (got {data[key]!r})")
+    return data[key], key
+
+
+def main(study_module, argv=None) -> int:
+    import dataclasses
+
+    from opct.config import construct, load_config_file, seed_arg
+    from opct.errors import OpctError, user_message
     from opct.flags import OnceList, path_arg
 
     name = study_module.__name__.rsplit(".", 1)[-1]
@@ -64,19 +84,28 @@ def main(study_module, argv=None) -> int:
     ap.add_argument("config", type=path_arg)
     ap.add_argument("--seeds", type=seed_arg, nargs="+", action=OnceList, default=[0])
     ap.add_argument("--out", type=path_arg, default=f"runs/robustness-{name}")
-    ap.add_argument("--block", default=name)
+    ap.add_argument("--block", default=None, help=f"the key of the study's settings in CONFIG (default: {name}, "
+                                                  f"else the whole file)")
     ap.add_argument("--quick", action="store_true", help="the study's smoke-test size (its QUICK)")
     args = ap.parse_args(argv)
     try:
-        data = load_config_file(args.config)
-        block = data.get(args.block, data) if isinstance(data.get(args.block), dict) else data
+        if len(set(args.seeds)) != len(args.seeds):  # as `opct run`: a seed run twice was counted twice (n_seeds)
+            raise OpctError(f"--seeds: must not repeat (got {' '.join(map(str, args.seeds))})")
+        block, prefix = study_block(load_config_file(args.config), args.block, name, args.config)
         if args.quick:
-            block = {**block, **getattr(study_module, "QUICK", {})}
+            from opct.robustness.runner import _merge
+
+            block = _merge(block, getattr(study_module, "QUICK", {}))
         try:
-            cfg = construct(study_module.Config, block, prefix=args.block if block is not data else "")
+            cfg = construct(study_module.Config, block, prefix=prefix)
+            if any(f.name == "model" for f in dataclasses.fields(cfg)):  # as the runner: a subject -> its directory
+                from opct.experiment.runner import resolve_model
+
+                cfg = dataclasses.replace(cfg, model=resolve_model(cfg.model))
         except OpctError as e:
             raise OpctError(f"{args.config}: {e}") from None
         out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)  # `--out FILE`: one line naming it, before any seed runs
         rows = []
         for seed in args.seeds:
             t0 = time.time()
@@ -88,7 +117,13 @@ def main(study_module, argv=None) -> int:
 
         write_atomic(out / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
         print("\n".join(summarize(rows)))
-    except OpctError as e:
-        print(f"opct: error: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - sorted by user_message: the user's problem (one line), or a bug
+        message = user_message(e)
+        if message is None:
+            raise
+        from opct.cli import _end_progress_bars, _one_line
+
+        _end_progress_bars()
+        print(f"opct: error: {_one_line(message)}", file=sys.stderr)
         return 1
     return 0

@@ -206,3 +206,12 @@ def _final(wash_dir: Path, model_dir: str, adapter: str | None) -> tuple[str, st
     if adapter is not None:
         return model_dir, str(final)
     return str(final), None
+
+
+if __name__ == "__main__":
+    import sys
+
+    from opct.robustness import washout as study  # this module under its own name, not __main__
+    from opct.robustness.standalone import main
+
+    sys.exit(main(study))

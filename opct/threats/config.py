@@ -146,6 +146,8 @@ class ThreatsConfig:
                 raise ConfigError(f"trained.{a}", f"not one of the threats ({', '.join(self.threats)})")
             if not isinstance(fams, list) or not fams:
                 raise ConfigError(f"trained.{a}", f"must be a non-empty list of families (got {fams!r})")
+            if len(set(map(str, fams))) != len(fams):  # as an experiment's: the family's pairs were made twice
+                raise ConfigError(f"trained.{a}", "families must not repeat")
             bad = [f for f in fams if f not in AXES[a].families]
             if bad and not AXES[a].open_families:
                 raise ConfigError(f"trained.{a}", f"unknown {', '.join(map(str, bad))}; known: "
