@@ -8,6 +8,7 @@
   read_appended_jsonl                read a file written by append_jsonl, leaving out a torn last line
   read_text / read_json              read a file, turning "not UTF-8", "is a directory", "nested too deeply" and
                                      the like into an OpctError that names the file
+  dir_there                          whether a directory a report reads is there; a file in its place is an error
   dir_lock                           an exclusive lock on a run directory (fcntl.flock on DIR/.opct.lock), so a
                                      second process writing the same run is refused; the kernel releases it when
                                      the holder dies, so a killed run leaves no stale lock
@@ -72,6 +73,20 @@ def is_dir_name(name) -> bool:
     """Whether `name` is one directory inside its parent (an experiment's, a study's or an arm's folder): a non-empty
     string without '/' or NUL that is not '.' or '..' (an arm '..' wrote its cells outside the experiment)."""
     return isinstance(name, str) and bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
+def dir_there(path, root=None) -> bool:
+    """Whether the directory `path` (a run's cell, its eval) is there; False when nothing is. Something else there
+    (a file where a report reads a directory), or at a folder between `root` and `path`, is an OpctError `PATH: is
+    a file, expected a directory`: a report read such a cell as "not started" and said nothing of the file."""
+    path = Path(path)
+    below = [] if root is None else [p for p in reversed(path.parents) if Path(root) in p.parents]
+    for p in (*below, path):
+        if not os.path.lexists(p):
+            return False
+        if not p.is_dir():
+            raise OpctError(f"{p}: is a file, expected a directory")
+    return True
 
 
 def check_writable(path) -> None:

@@ -98,7 +98,9 @@ def test_results_measured_on_other_splits_are_not_resumed(tmp_path):
     path.write_text(json.dumps(old))
     all_splits(cfg(SYC.NAME))  # no results yet: nothing would mix
     path.write_text(json.dumps(old))
-    (tmp_path / "results.jsonl").write_text(json.dumps({"kind": "base", "sycophancy_probes": {}, "target": 0.1}) + "\n")
+    probes = {"misalignment": 0.5, "unparsed": 0.0, "capability": 1.0}
+    (tmp_path / "results.jsonl").write_text(json.dumps({"kind": "base", "sycophancy_probes": {
+        "plain": probes, "protected": probes}, "target": 0.1}) + "\n")
     with pytest.raises(OpctError, match="other splits .sycophancy seed 0"):
         all_splits(cfg(SYC.NAME))
     path.write_text(json.dumps(good))

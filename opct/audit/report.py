@@ -18,7 +18,10 @@ from opct.audit import diagnostic as D
 from opct.audit.run import CAPABILITY, read_results
 from opct.errors import DataError, OpctError
 from opct.files import read_appended_jsonl, read_json, write_atomic, write_json_atomic
+from opct.shapes import BOOL, INT, NUM, STR, check
 
+# a labeller's group of candidates (opct/audit/cell.py): what the diagnostics read of it
+CANDIDATE = {"scores": [(None, NUM)], "misaligned": [(None, BOOL, NUM)], "chosen": (None, INT), "kind?": STR}
 COLLAPSE = 0.10  # a rise of the unparsed share above this (10 points) flags a collapse
 
 
@@ -30,6 +33,7 @@ def _candidates(out: Path, organism: str, method: str, seeds: list[int]) -> list
             for n, r in read_appended_jsonl(path):  # written atomically; a bad line is an error naming it
                 if not isinstance(r, dict) or not {"scores", "misaligned", "chosen"} <= set(r):
                     raise DataError(path, n, "<record>", "expected an object with scores, misaligned and chosen")
+                check(r, CANDIDATE, path, n)
                 groups.append({"kind": r.get("kind", "select"), "scores": r["scores"], "misaligned": r["misaligned"],
                                "chosen": r["chosen"]})
     return groups

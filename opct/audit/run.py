@@ -36,6 +36,7 @@ from opct.axes.capability import NAME as CAPABILITY  # the capability rate's key
 from opct.config import SEED, ConfigError, changes, option, require, restart_allowed, validate
 from opct.errors import DataError, OpctError
 from opct.files import append_jsonl, read_appended_jsonl, read_json, write_json_atomic
+from opct.shapes import BOOL, INT, NUM, STR, Is, check
 
 if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
     from opct.policy import Policy  # noqa: F401
@@ -93,16 +94,28 @@ def default_base() -> Path:
 
 # ------------------------------------------------------------------------------------------ results file
 
-# the fields of each kind of record that the resume and the report read; a record without them names its line
-RESULT_FIELDS = {"base": ("sycophancy_probes", "target"),
-                 "organism": ("organism", "seed", "failure", "base", "derived", "coherence"),
-                 "cell": ("organism", "method", "seed", "after", "seconds")}
+# What the resume and the report read of each kind of record (opct/shapes.py): a record of another shape names its
+# line and field, where it was a KeyError or TypeError traceback from the report.
+_HITS = {"*": Is("a pair [hits, n] of numbers", lambda v: isinstance(v, list) and len(v) == 2 and all(
+    NUM.ok(x) for x in v))}  # probe item -> [hits, n]
+_MEASURE = {"misalignment": NUM, "unparsed": NUM, "misalignment_parsed?": (None, NUM), CAPABILITY: (None, NUM),
+            "items": _HITS, "capability_items": _HITS, "by_kind?": {"*": {"misalignment?": (None, NUM)}}}
+_PROBES = {"misalignment": NUM, "unparsed": (None, NUM), CAPABILITY: (None, NUM)}
+RESULT_SHAPES = {
+    "base": {"sycophancy_probes": {"plain": _PROBES, "protected": _PROBES}, "target": NUM},
+    "organism": {"organism": STR, "seed": INT, "failure": STR, "base": _MEASURE, "derived": {**_MEASURE, "n": INT},
+                 "coherence": {k: (None, NUM) for k in ("agreement", "margin", "forms", "misaligned", "unparsed")},
+                 "family?": STR, "brittle?": BOOL, "base_kind?": STR},
+    "cell": {"organism": STR, "method": STR, "seed": INT,
+             "after": {k: v for k, v in _MEASURE.items() if k != "by_kind?"},
+             "seconds": {"total": NUM}, "label?": (None, {"n_labels": INT, "n_prompts": INT}), "untrained?": BOOL}}
 
 
 def read_results(out: Path) -> list[dict]:
     """OUT/results.jsonl's records. A last line torn by a kill is left out (that measurement is redone); any other
-    malformed line, a record that is no JSON object, of no known kind or without the fields its kind has, is a
-    DataError naming the file and line (such lines were skipped without a word, or a KeyError in the report)."""
+    malformed line, a record that is no JSON object, of no known kind or not of its kind's shape (`RESULT_SHAPES`),
+    is a DataError naming the file, line and field (such lines were skipped without a word, or a KeyError or
+    TypeError in the report)."""
     path = out / "results.jsonl"
     if not path.exists():
         return []
@@ -110,12 +123,13 @@ def read_results(out: Path) -> list[dict]:
     for n, r in read_appended_jsonl(path):
         if not isinstance(r, dict):
             raise DataError(path, n, "<record>", "must be a JSON object")
-        if r.get("kind") not in RESULT_FIELDS:
-            raise DataError(path, n, "kind", f"must be one of {', '.join(RESULT_FIELDS)} (got {r.get('kind')!r})")
-        missing = [f for f in RESULT_FIELDS[r["kind"]] if f not in r]
+        if r.get("kind") not in RESULT_SHAPES:
+            raise DataError(path, n, "kind", f"must be one of {', '.join(RESULT_SHAPES)} (got {r.get('kind')!r})")
+        shape = RESULT_SHAPES[r["kind"]]
+        missing = [f for f in shape if not f.endswith("?") and f not in r]
         if missing:
             raise DataError(path, n, missing[0], f"missing (a {r['kind']} record of `opct audit` has it)")
-        rows.append(r)
+        rows.append(check(r, shape, path, n))
     return rows
 
 

@@ -174,13 +174,13 @@ def _jsonable(o):
 
 def recorded_errors(eval_dir) -> dict:
     """The lm-eval tasks an evaluation recorded as failed (task -> message: its run.json's `lm_eval_errors`); {} when
-    there is no run.json or none failed. A run.json that is not JSON is an OpctError naming it."""
-    from opct.files import read_json
+    there is no run.json or none failed. A run.json that is not JSON, or not of this shape, is an OpctError naming
+    it (a report read a damaged record as "nothing failed")."""
+    from opct.shapes import STR, read_checked
 
     path = Path(eval_dir) / "run.json"
-    info = read_json(path, "eval run") if path.exists() else None
-    errors = info.get("lm_eval_errors") if isinstance(info, dict) else None
-    return errors if isinstance(errors, dict) else {}
+    info = read_checked(path, "eval run", {"lm_eval_errors?": {"*": STR}}) if path.exists() else {}
+    return info.get("lm_eval_errors") or {}
 
 
 def unparseable_yamls(folder) -> list[str]:

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from opct.errors import DataError, OpctError
-from opct.files import is_dir_name, read_appended_jsonl, read_json
+from opct.files import dir_there, is_dir_name, read_appended_jsonl, read_json
 from opct.resume_check import check_extended
+from opct.shapes import OBJECT, read_checked
 
 
 @dataclass
@@ -80,7 +81,7 @@ def read_metrics(path: Path) -> dict:
 
 def read_curve(path: Path) -> list[dict]:
     """train/metrics.jsonl; [] when absent (the base arm trains nothing)."""
-    if not path.exists():
+    if not dir_there(path.parent) or not path.exists():
         return []
     rows = []
     for i, row in read_appended_jsonl(path):  # a last line torn by a kill is left out
@@ -138,19 +139,19 @@ def load_run(run_dir) -> Run:
     for arm in arms:
         for seed in seeds:
             d = run_dir / arm / str(seed)
-            if not d.is_dir():
+            if not dir_there(d, run_dir):  # a file at RUN/arm or RUN/arm/seed is an error, not "not started"
                 missing.append((arm, seed, "not started"))
                 continue
             if not (d / "done.json").exists():
                 missing.append((arm, seed, "incomplete (no done.json)"))
                 continue
-            done = _read_json(d / "done.json", "done")
+            done = read_checked(d / "done.json", "done", OBJECT)
             mpath = d / "eval" / "metrics.json"
-            if not mpath.exists():
+            if not dir_there(d / "eval") or not mpath.exists():
                 missing.append((arm, seed, "done.json but no eval/metrics.json"))
                 continue
-            cells[(arm, seed)] = SeedRun(arm, seed, d, done if isinstance(done, dict) else {},
-                                         read_metrics(mpath), read_curve(d / "train" / "metrics.jsonl"))
+            cells[(arm, seed)] = SeedRun(arm, seed, d, done, read_metrics(mpath),
+                                         read_curve(d / "train" / "metrics.jsonl"))
             failed += [(arm, seed, why) for why in eval_failures(d / "eval")]
     return Run(run_dir, exp, list(arms), list(seeds), cells, missing, failed)
 

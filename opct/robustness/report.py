@@ -11,6 +11,8 @@ from pathlib import Path
 from opct.files import read_json, write_atomic
 from opct.report import page
 from opct.report.aggregate import num
+from opct.robustness.runner import STUDY_SHAPE, read_cell
+from opct.shapes import read_checked
 
 
 def _cell(r: dict | None, seeds: int) -> str:
@@ -112,8 +114,7 @@ def _times(root: Path, settings: dict) -> list[list[str]]:
     body = []
     for name in settings.get("studies", {}):
         for seed in settings.get("seeds", []):
-            p = root / name / f"seed{seed}" / "rows.json"
-            sec = read_json(p, "study rows").get("seconds") if p.exists() else None
+            sec = (read_cell(root, name, seed) or {}).get("seconds")
             body.append([name, str(seed), "–" if sec is None else f"{sec:.0f}"])
     return body
 
@@ -127,7 +128,7 @@ NOTE = ("Each cell: the mean over seeds with a 95% Student-t interval over seeds
 def build(root) -> tuple[Path, Path]:
     root = Path(root)
     data = read_json(root / "robustness.json", "robustness results")
-    settings = read_json(root / "study.json", "robustness study")
+    settings = read_checked(root / "study.json", "robustness study", STUDY_SHAPE)
     agg, seeds = data["rows"], len(settings.get("seeds", []))
     md = [f"# Robustness: {settings.get('name', root.name)}", "",
           f"- **model**: {settings.get('model')} ({settings.get('model_dir')})",
@@ -137,7 +138,7 @@ def build(root) -> tuple[Path, Path]:
     if settings.get("note"):
         md += [f"> {settings['note']}", ""]
     missing = [f"{name} seed {seed}: not finished (no rows.json)" for name in settings.get("studies", {})
-               for seed in settings.get("seeds", []) if not (root / name / f"seed{seed}" / "rows.json").exists()]
+               for seed in settings.get("seeds", []) if read_cell(root, name, seed) is None]
     if missing:  # a killed or running run
         md += [*page.left_out_md("Missing", page.cells(len(missing)), missing), ""]
     md += [NOTE, ""]

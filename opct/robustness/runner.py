@@ -19,8 +19,9 @@ from typing import ClassVar
 
 from opct.config import SEED, ConfigError, changes, construct, option, restart_allowed, validate
 from opct.errors import OpctError
-from opct.files import is_dir_name, read_json, write_json_atomic
+from opct.files import dir_there, is_dir_name, read_json, write_json_atomic
 from opct.resume_check import check_extended
+from opct.shapes import INT, LIST, NUM, OBJECT, read_checked
 
 KIND = "robustness"
 KEY = ("study", "method", "axis", "condition", "x", "metric")
@@ -240,17 +241,33 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
 
 def load_rows(root: Path) -> tuple[dict, dict[str, dict[int, list[dict]]], dict]:
     """(study.json, {study: {seed: rows}}, {(study, seed): seconds}) of every finished cell under `root`."""
-    settings = read_json(root / "study.json", "robustness study")
+    settings = read_checked(root / "study.json", "robustness study", STUDY_SHAPE)
     rows: dict[str, dict[int, list[dict]]] = {}
     seconds = {}
     for name in settings.get("studies", {}):
         for seed in settings.get("seeds", []):
-            p = root / name / f"seed{seed}" / "rows.json"
-            if p.exists():
-                cell = read_json(p, "study rows")
-                rows.setdefault(name, {})[seed] = check_rows(cell.get("rows"), str(p))
+            cell = read_cell(root, name, seed)
+            if cell is not None:
+                where = str(root / name / f"seed{seed}" / "rows.json")
+                rows.setdefault(name, {})[seed] = check_rows(cell["rows"], where)
                 seconds[(name, seed)] = cell.get("seconds")
     return settings, rows, seconds
+
+
+# What the report reads of study.json and of a cell's rows.json (opct/shapes.py; the rows are `check_rows`'s)
+STUDY_SHAPE = {"seeds?": [INT], "studies?": {"*": OBJECT}}
+CELL_SHAPE = {"rows": LIST, "seconds?": (None, NUM)}
+
+
+def read_cell(root: Path, name: str, seed: int) -> dict | None:
+    """A finished cell's rows.json, checked; None when the cell has not finished (a file where its folder belongs is
+    an error)."""
+    if not is_dir_name(name):  # '../x' read rows outside the run
+        raise OpctError(f"{root / 'study.json'}: studies: {name!r} is no study's folder name")
+    d = root / name / f"seed{seed}"
+    if not dir_there(d, root) or not (d / "rows.json").exists():
+        return None
+    return read_checked(d / "rows.json", "study rows", CELL_SHAPE)
 
 
 def write_aggregate(root: Path) -> list[dict]:

@@ -16,9 +16,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from opct.files import read_json, write_json_atomic
+from opct.files import dir_there, write_json_atomic
+from opct.shapes import INT, NAME, NUM, OBJECT, STR, read_checked
 
 MATRIX = "cross_threat.json"
+# What the matrix and its report read of threats.json and of a cell's done.json (opct/shapes.py); a threat or method
+# names a folder of the run
+SETTINGS_SHAPE = {"seeds?": [INT], "threats?": [NAME], "methods?": [NAME], "no_signal?": {"*": [STR]},
+                  "train?": (None, OBJECT), "eval?": (None, OBJECT)}
+DONE_SHAPE = {"metrics?": (None, {"*": {"value?": (None, NUM)}}), "seconds?": (None, {"*": NUM})}
 
 
 def value_of(metrics: dict | None, name: str) -> float | None:
@@ -45,15 +51,15 @@ def load_cells(root: Path) -> tuple[dict, dict]:
     """(threats.json, {(seed, threat, method): done.json}) of every finished cell."""
     from opct.threats.runner import BASE, CONTROL, SETTINGS, cell_dir
 
-    settings = read_json(root / SETTINGS, "threats run")
+    settings = read_checked(root / SETTINGS, "threats run", SETTINGS_SHAPE)
     done = {}
     for seed in settings.get("seeds", []):
         keys = [("", BASE), ("", CONTROL)] + [(t, m) for t in settings.get("threats", [])
                                               for m in settings.get("methods", [])]
         for threat, method in keys:
-            p = cell_dir(root, seed, threat, method) / "done.json"
-            if p.exists():
-                done[(seed, threat, method)] = read_json(p, "threats cell")
+            d = cell_dir(root, seed, threat, method)
+            if dir_there(d, root) and (d / "done.json").exists():  # a file where a cell's folder belongs: an error
+                done[(seed, threat, method)] = read_checked(d / "done.json", "threats cell", DONE_SHAPE)
     return settings, done
 
 
