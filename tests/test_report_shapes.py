@@ -27,6 +27,12 @@ def test_a_shape_names_the_first_field_that_differs(value, shape, expected):
 
 
 def _write(path, value):
+    """`value` (a string as is, else as JSON) at `path`, in place of a directory there (a file where a run's folder
+    belongs)."""
+    import shutil
+
+    if path.is_dir():
+        shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(value if isinstance(value, str) else json.dumps(value))
 
@@ -59,10 +65,6 @@ def test_experiment_run_files_of_the_wrong_shape(tmp_path, capsys, where, value,
 
     run = _experiment(tmp_path)
     assert set(load_run(run).cells) == {("base", 0), ("bct", 0)} and not load_run(run).missing
-    if (run / where).is_dir():
-        import shutil
-
-        shutil.rmtree(run / where)
     _write(run / where, value)
     assert cli_error(capsys, ["report", str(run)]) == f"opct: error: {run}/{expected}"
 
@@ -99,10 +101,6 @@ def test_threats_run_files_of_the_wrong_shape(tmp_path, capsys, where, value, ex
 
     root = _threats(tmp_path)
     assert main(["report", str(root)]) == 0
-    if (root / where).is_dir():
-        import shutil
-
-        shutil.rmtree(root / where)
     _write(root / where, value)
     assert cli_error(capsys, ["report", str(root)]).startswith(f"opct: error: {root}/{expected}")
 
@@ -136,10 +134,6 @@ def test_robustness_run_files_of_the_wrong_shape(tmp_path, capsys, where, value,
 
     root = _robustness(tmp_path)
     assert main(["report", str(root)]) == 0
-    if (root / where).is_dir():
-        import shutil
-
-        shutil.rmtree(root / where)
     _write(root / where, value)
     assert cli_error(capsys, ["report", str(root)]) == f"opct: error: {root}/{expected}"
 

@@ -93,36 +93,51 @@ def _steps(folder, tag):
     return steps
 
 
+def _interrupted_at_step_4(model_dir, pairs_file, run, tracker, monkeypatch) -> None:
+    """`run` trained to 5 steps with a checkpoint every 2 and logging to `tracker`, interrupted (Ctrl-C) at step 4:
+    steps 1-3 logged, the last checkpoint at step 2. `_resume` continues it."""
+    import opct.methods as M
+
+    real, calls = M.METHODS["opct"], []
+
+    def interrupted(run, micro):
+        calls.append(run.step)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(run, micro)
+
+    monkeypatch.setitem(M.METHODS, "opct", interrupted)
+    assert _train(model_dir, pairs_file, run, "--max-steps", "5", "--save-every", "2", "--log-with", tracker) != 0
+    monkeypatch.setitem(M.METHODS, "opct", real)
+
+
+def _resume(model_dir, pairs_file, run, tracker) -> None:
+    assert _train(model_dir, pairs_file, run, "--max-steps", "5", "--save-every", "2", "--log-with", tracker,
+                  "--resume") == 0
+
+
+def _eval_twice(test_organism, out, tracker) -> None:
+    """An evaluation into `out` logging to `tracker`, then the same with --resume (after it finished)."""
+    args = ["eval", "--model", str(test_organism), "--suite", "capability", "--n", "2", "--out", str(out),
+            "--no-progress", "--max-new-tokens", "4", "--log-with", tracker]
+    assert main(args) == 0 and main(args + ["--resume"]) == 0
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed")
 def test_a_resumed_run_continues_the_trackers_steps_without_logging_one_twice(tmp_path, model_dir, pairs_file,
                                                                           test_organism, monkeypatch):
     """Interrupted at step 4 with its checkpoint at step 2, a run has logged steps 1-3; resumed, it logs 3-5 again.
     TensorBoard shows each step once, with the resumed run's values (before 2026-12-06: step 3 twice). An evaluation
     resumed after it finished logs its step 0 once, too."""
-    import opct.methods as M
-
-    real, calls = M.METHODS["opct"], []
-
-    def interrupted_at_step_4(run, micro):
-        calls.append(run.step)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(run, micro)
-
     run = tmp_path / "run"
-    monkeypatch.setitem(M.METHODS, "opct", interrupted_at_step_4)
-    assert _train(model_dir, pairs_file, run, "--max-steps", "5", "--save-every", "2", "--log-with", "tensorboard") != 0
+    _interrupted_at_step_4(model_dir, pairs_file, run, "tensorboard", monkeypatch)
     assert [s for s, _ in _steps(run / "trackers", "train/loss")] == [1, 2, 3]
-    monkeypatch.setitem(M.METHODS, "opct", real)
-    assert _train(model_dir, pairs_file, run, "--max-steps", "5", "--save-every", "2", "--log-with", "tensorboard",
-                  "--resume") == 0
+    _resume(model_dir, pairs_file, run, "tensorboard")
     logged = _steps(run / "trackers", "train/loss")
     assert [s for s, _ in logged] == [1, 2, 3, 4, 5]
     assert [v for _, v in logged] == pytest.approx([r["loss"] for r in tiny_lm.read_metrics(run)])
     out = tmp_path / "eval"
-    args = ["eval", "--model", str(test_organism), "--suite", "capability", "--n", "2", "--out", str(out),
-            "--no-progress", "--max-new-tokens", "4", "--log-with", "tensorboard"]
-    assert main(args) == 0 and main(args + ["--resume"]) == 0
+    _eval_twice(test_organism, out, "tensorboard")
     assert [s for s, _ in _steps(out / "trackers", "eval/capability.accuracy")] == [0]
 
 
@@ -235,30 +250,15 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, model_dir, pairs_file, 
     (the id kept in RUN/trackers/wandb-run-id, resume="allow"), where each resume used to start a new wandb run.
     Offline, each part is a run folder with that id; steps 1-3 before the interruption, 3-5 after it (online, wandb
     drops the repeated step 3)."""
-    import opct.methods as M
-
-    real, calls = M.METHODS["opct"], []
-
-    def interrupted_at_step_4(run, micro):
-        calls.append(run.step)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return real(run, micro)
-
     run = tmp_path / "run"
-    monkeypatch.setitem(M.METHODS, "opct", interrupted_at_step_4)
-    assert _train(model_dir, pairs_file, run, "--max-steps", "5", "--save-every", "2", "--log-with", "wandb") != 0
-    monkeypatch.setitem(M.METHODS, "opct", real)
-    assert _train(model_dir, pairs_file, run, "--max-steps", "5", "--save-every", "2", "--log-with", "wandb",
-                  "--resume") == 0
+    _interrupted_at_step_4(model_dir, pairs_file, run, "wandb", monkeypatch)
+    _resume(model_dir, pairs_file, run, "wandb")
     run_id = (run / "trackers" / "wandb-run-id").read_text().strip()
     assert _wandb_runs(tmp_path / "wandb") == [("run-opct", run_id)] * 2
     assert [r["_step"] for r in _wandb_history(tmp_path / "wandb") if "train/loss" in r] == [1, 2, 3, 3, 4, 5]
 
     out = tmp_path / "eval"
-    args = ["eval", "--model", str(test_organism), "--suite", "capability", "--n", "2", "--out", str(out),
-            "--no-progress", "--max-new-tokens", "4", "--log-with", "wandb"]
-    assert main(args) == 0 and main(args + ["--resume"]) == 0
+    _eval_twice(test_organism, out, "wandb")
     eval_id = (out / "trackers" / "wandb-run-id").read_text().strip()
     assert eval_id != run_id
     assert sorted(_wandb_runs(tmp_path / "wandb")) == sorted([("run-opct", run_id)] * 2 + [("eval-eval", eval_id)] * 2)
