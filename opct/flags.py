@@ -1,4 +1,5 @@
-"""argparse helpers every command shares: a list flag given once (`OnceList`), a path that is not blank (`path_arg`).
+"""argparse helpers every command shares: a list flag given once (`OnceList`), a path that is not blank (`path_arg`),
+the name given twice in a list (`first_repeat`).
 (The numeric flag types, `seed_arg` and `positive_arg`, live with the config rules they mirror, in opct.config.)"""
 
 from __future__ import annotations
@@ -16,6 +17,16 @@ class OnceList(argparse.Action):
             parser.error(f"{option_string}: given twice; give all its values after one {option_string}")
         self._last = weakref.ref(namespace)
         setattr(namespace, self.dest, values)
+
+
+def first_repeat(values):
+    """The first of `values` that an earlier one equals (a name given twice, for an error to name), or None."""
+    seen = []
+    for v in values:
+        if v in seen:
+            return v
+        seen.append(v)
+    return None
 
 
 def path_arg(text: str) -> str:

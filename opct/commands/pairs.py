@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 from opct.errors import OpctError
-from opct.flags import path_arg
+from opct.flags import first_repeat, path_arg
 
 
 def _csv(text: str) -> list[str]:
@@ -15,7 +15,7 @@ def _csv(text: str) -> list[str]:
     import argparse
 
     names = [t.strip() for t in text.split(",") if t.strip()]
-    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    twice = first_repeat(names)
     if twice is not None:
         raise argparse.ArgumentTypeError(f"names {twice!r} twice (got {text!r})")
     return names

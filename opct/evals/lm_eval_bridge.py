@@ -35,6 +35,7 @@ import re
 from pathlib import Path
 
 from opct.errors import OpctError, first_line
+from opct.flags import first_repeat
 
 TASKS = ("minerva_math500", "gpqa_diamond_cot_zeroshot", "ifeval")
 PREFIX = "capability.lm_eval"
@@ -97,7 +98,7 @@ def check_tasks(tasks, include_path=None) -> None:
     include folder's, nor a task YAML's path), with close matches and the include folder's YAMLs that do not parse:
     called before any model loads or axis runs, so a typo is not found after the other axes. Indexing the harness's
     tasks takes a few seconds; nothing is checked when `lm_eval` is not installed (the bridge says so when it runs)."""
-    if twice := next((t for i, t in enumerate(tasks) if t in tasks[:i]), None):  # it would run, and count, twice
+    if twice := first_repeat(tasks):  # it would run, and count, twice
         raise OpctError(f"lm_eval_tasks: names {twice!r} twice (got {' '.join(tasks)})")
     if not available():
         return

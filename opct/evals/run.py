@@ -23,6 +23,7 @@ from typing import Optional
 from opct.config import SEED, ConfigError, defaults_of, option, validate
 from opct.errors import OpctError
 from opct.files import write_atomic, write_json_atomic
+from opct.flags import first_repeat
 from opct.trackers import PACKAGES as TRACKERS
 
 
@@ -180,8 +181,7 @@ def suite_names(suite: str) -> list[str]:
     if bad or not names:
         raise ConfigError("suite", (f"{bad[0]!r} is not an axis; " if bad and len(names) > 1 else "")
                           + f"must be all or comma-separated axes of {', '.join(AXES)} (got {suite!r})")
-    twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
-    if twice:
+    if twice := first_repeat(names):
         raise ConfigError("suite", f"names {twice!r} twice (got {suite!r})")
     return names
 

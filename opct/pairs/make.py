@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from opct.axes import AXES, get, pair_axes
 from opct.errors import OpctError
+from opct.flags import first_repeat
 from opct.pairs.schema import Pair
 
 
@@ -48,7 +49,7 @@ def make_pairs(axis: str, items: list[dict], families=None, heldout=None, per_fa
     if per_family is not None and per_family < 1:
         raise OpctError(f"--per-family must be at least 1 (got {per_family})")
     for flag, names in (("", families), ("held-out ", heldout)):  # twice: its pairs made twice, with the same ids
-        twice = next((n for i, n in enumerate(names or ()) if n in names[:i]), None)
+        twice = first_repeat(names or ())
         if twice is not None:
             raise OpctError(f"{axis} {flag}families name {twice!r} twice (got {', '.join(map(str, names))})")
     for flag, names in (("", families), ("held-out ", heldout)):  # a misspelt held-out family would hold out nothing
