@@ -11,8 +11,7 @@ from pathlib import Path
 from opct.files import read_json, write_atomic
 from opct.report import page
 from opct.report.aggregate import num
-from opct.robustness.runner import STUDY_SHAPE, read_cell
-from opct.shapes import read_checked
+from opct.robustness.runner import load_rows
 
 
 def _cell(r: dict | None, seeds: int) -> str:
@@ -110,11 +109,12 @@ def curves_png(agg: list[dict], study: str, axis: str) -> bytes | None:
     return _png(fig)
 
 
-def _times(root: Path, settings: dict) -> list[list[str]]:
+def _times(settings: dict, seconds: dict) -> list[list[str]]:
+    """Each cell's seconds (`load_rows`'s); "–" for a cell not finished or not timed."""
     body = []
     for name in settings.get("studies", {}):
         for seed in settings.get("seeds", []):
-            sec = (read_cell(root, name, seed) or {}).get("seconds")
+            sec = seconds.get((name, seed))
             body.append([name, str(seed), "–" if sec is None else f"{sec:.0f}"])
     return body
 
@@ -128,7 +128,7 @@ NOTE = ("Each cell: the mean over seeds with a 95% Student-t interval over seeds
 def build(root) -> tuple[Path, Path]:
     root = Path(root)
     data = read_json(root / "robustness.json", "robustness results")
-    settings = read_checked(root / "study.json", "robustness study", STUDY_SHAPE)
+    settings, rows, seconds = load_rows(root)  # each finished cell's rows.json, read once and checked
     agg, seeds = data["rows"], len(settings.get("seeds", []))
     md = [f"# Robustness: {settings.get('name', root.name)}", "",
           f"- **model**: {settings.get('model')} ({settings.get('model_dir')})",
@@ -138,7 +138,7 @@ def build(root) -> tuple[Path, Path]:
     if settings.get("note"):
         md += [f"> {settings['note']}", ""]
     missing = [f"{name} seed {seed}: not finished (no rows.json)" for name in settings.get("studies", {})
-               for seed in settings.get("seeds", []) if read_cell(root, name, seed) is None]
+               for seed in settings.get("seeds", []) if seed not in rows.get(name, {})]
     if missing:  # a killed or running run
         md += [*page.left_out_md("Missing", page.cells(len(missing)), missing), ""]
     md += [NOTE, ""]
@@ -156,7 +156,7 @@ def build(root) -> tuple[Path, Path]:
         png = curves_png(agg, study, axis)
         if png is not None:
             html_secs.append((f"{study}: {axis} — curves", [page.img_html(png, f"{study} {axis} curves")]))
-    times = _times(root, settings)
+    times = _times(settings, seconds)
     md += ["## Cells", "", _markdown(["study", "seed", "seconds"], times), ""]
     html_secs.append(("Cells", [page.table_html(["study", "seed", "seconds"], times)]))
     md_path, html_path = root / "results.md", root / "report.html"
