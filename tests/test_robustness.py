@@ -153,6 +153,21 @@ def test_aggregate_clips_a_rate_to_0_1_and_a_difference_of_rates_to_minus_1_1():
     assert got["sycophancy.sycophancy_rate"] == (0.0, pytest.approx(0.15 + half))  # a rate: clipped at 0
 
 
+def test_standalone_summary_clips_intervals_as_the_runner_does():
+    """`python -m opct.robustness.<study>` prints a summary; its intervals follow the runner's rules (a rate's stays in
+    [0, 1], a difference of rates in [-1, 1], a wash fraction is not clipped), where it printed [-0.73, 0.86]."""
+    from opct.robustness.cells import row
+    from opct.robustness.standalone import summarize
+
+    rows = [row("washout", "opct", "sycophancy", "c", 1.0, m, v, False)
+            for m in ("sycophancy.sycophancy_rate", "sycophancy.brr", "wash_fraction[sycophancy_rate]")
+            for v in (0.0, 0.3)]
+    lines = {ln.split()[1]: ln for ln in summarize(rows)}
+    assert "0.150 [0.000, 1.000]" in lines["sycophancy.sycophancy.sycophancy_rate"]  # t(1)·s/√2 = 1.906: clipped
+    assert "0.150 [-1.000, 1.000]" in lines["sycophancy.sycophancy.brr"]
+    assert "0.150 [-1.756, 2.056]" in lines["sycophancy.wash_fraction[sycophancy_rate]"]  # not clipped
+
+
 def test_wash_doses_are_prefixes_of_one_run_equal_to_separate_runs(test_organism, tmp_path):
     """The study evaluates dose d after continuing one wash run to d; that must equal a separate d-example run from
     the trained adapter (constant lr, same data stream)."""

@@ -111,11 +111,19 @@ def check_rows(rows, where: str) -> list[dict]:
     return out
 
 
+def metric_range(metric: str, values: list[float]):
+    """The range a robustness metric's interval is clipped to: [0, 1] for rates (every value in [0, 1]), [-1, 1] for
+    a difference of two rates (BRR, PAR); None (not clipped) for a wash fraction and other unbounded values."""
+    from opct.report.aggregate import value_range
+
+    return None if metric.startswith("wash_fraction") else value_range(metric, values)
+
+
 def aggregate(per_seed: dict[int, list[dict]]) -> list[dict]:
     """Rows over seeds -> one row per KEY: mean and 95% Student-t interval over the seeds where the value is defined
     (no interval from one seed), n (defined seeds) and n_undefined. Rates (every value in [0, 1]) are clipped to
     [0, 1], a difference of two rates (BRR, PAR) to [-1, 1]; other values (a wash fraction) are not."""
-    from opct.report.aggregate import t_interval, value_range
+    from opct.report.aggregate import t_interval
 
     groups: dict[tuple, dict] = {}
     for seed, rows in sorted(per_seed.items()):
@@ -129,8 +137,7 @@ def aggregate(per_seed: dict[int, list[dict]]) -> list[dict]:
         n = len(vals)
         mean = lo = hi = None
         if n:
-            rng = None if k[5].startswith("wash_fraction") else value_range(k[5], vals)
-            mean, lo, hi = t_interval(vals, *(rng or (None, None)))
+            mean, lo, hi = t_interval(vals, *(metric_range(k[5], vals) or (None, None)))
         out.append({**dict(zip(KEY, k)), "higher_is_better": g["higher_is_better"], "mean": mean, "ci_low": lo,
                     "ci_high": hi, "n": n, "n_undefined": len(g["values"]) - n,
                     "seeds": sorted(g["values"]), "values": [g["values"][s] for s in sorted(g["values"])]})

@@ -30,11 +30,13 @@ def check_rows(rows: list[dict], study: str) -> None:
         assert isinstance(r["higher_is_better"], bool), r
 
 
-def t_interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% t-interval over seeds."""
+def t_interval(metric: str, values: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval over seeds, clipped to the metric's range as the runner's report clips it
+    (`opct.robustness.runner.metric_range`: a rate's interval stays in [0, 1])."""
     from opct.report.aggregate import t_interval as t
+    from opct.robustness.runner import metric_range
 
-    m, lo, hi = t(values)
+    m, lo, hi = t(values, *(metric_range(metric, values) or (None, None)))
     return (m, m, m) if lo is None else (m, lo, hi)
 
 
@@ -42,16 +44,16 @@ def summarize(rows: list[dict]) -> list[str]:
     """One line per (condition, metric) at each condition's last x: mean [95% t-interval] over seeds."""
     last: dict = {}
     for r in rows:
-        key = (r["condition"], f'{r["axis"]}.{r["metric"]}')
+        key = (r["condition"], r["axis"], r["metric"])
         x = -1.0 if r["x"] is None else r["x"]
         if r["value"] is not None and x >= last.get(key, (-2.0, None))[0]:
             if x > last.get(key, (-2.0, None))[0]:
                 last[key] = (x, [])
             last[key][1].append(r["value"])
     out = []
-    for (cond, metric), (x, vals) in sorted(last.items()):
-        m, lo, hi = t_interval(vals)
-        out.append(f"{cond:56s} {metric:40s} x={x:g}  {m:.3f} [{lo:.3f}, {hi:.3f}]  n_seeds={len(vals)}")
+    for (cond, axis, metric), (x, vals) in sorted(last.items()):
+        m, lo, hi = t_interval(metric, vals)
+        out.append(f"{cond:56s} {axis + '.' + metric:40s} x={x:g}  {m:.3f} [{lo:.3f}, {hi:.3f}]  n_seeds={len(vals)}")
     return out
 
 
