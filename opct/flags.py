@@ -1,5 +1,5 @@
 """argparse helpers every command shares: a list flag given once (`OnceList`), a path that is not blank (`path_arg`),
-the name given twice in a list (`first_repeat`).
+the name given twice in a list (`first_repeat`), a name that becomes one folder (`dir_name_arg`).
 (The numeric flag types, `seed_arg` and `positive_arg`, live with the config rules they mirror, in opct.config.)"""
 
 from __future__ import annotations
@@ -34,4 +34,14 @@ def path_arg(text: str) -> str:
     space, `opct report ' '` said ': run directory not found')."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"is blank ({text!r}); give a path")
+    return text
+
+
+def dir_name_arg(text: str) -> str:
+    """argparse `type=` for a name that becomes one folder of a run (`opct demo --name`): `opct.files.is_dir_name`'s
+    rule (`--name ''` ran the demo under its default name)."""
+    from opct.files import is_dir_name
+
+    if not is_dir_name(text):
+        raise argparse.ArgumentTypeError(f"must be a non-empty directory name (got {text!r})")
     return text

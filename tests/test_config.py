@@ -319,3 +319,17 @@ def test_a_blank_path_argument_is_an_argparse_error(capsys, tmp_path, monkeypatc
         main(argv)
     assert e.value.code == 2 and ": is blank (" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("subject", ["default", "smollm2"])
+@pytest.mark.parametrize("name", ["", "..", "a/b"])
+def test_demo_name_must_be_one_folder(tmp_path, capsys, subject, name):
+    """`opct demo --name ''` ran the demo under its default name (`--name ..` wrote beside OUT): refused before
+    anything runs, like `opct run --name`."""
+    from opct.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--subject", subject, "--name", name, "--out", str(tmp_path / "runs")])
+    assert e.value.code == 2
+    assert f"--name: must be a non-empty directory name (got {name!r})" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

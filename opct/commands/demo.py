@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from opct.flags import path_arg
+from opct.flags import dir_name_arg, path_arg
 
 
 def register(sub) -> None:
@@ -23,7 +23,7 @@ def register(sub) -> None:
     p = sub.add_parser("demo", help="the main job on the embedded default organism (what `make demo` runs)",
                        description=__doc__.split("\n\n")[0] + " " + __doc__.split("\n\n")[1])
     p.add_argument("--out", type=path_arg, default="runs", help="root directory of experiments (default: runs)")
-    p.add_argument("--name", default=None, help="experiment name (default: demo, or the subject's experiment's)")
+    p.add_argument("--name", type=dir_name_arg, default=None, help="experiment name (default: demo, or the subject's experiment's)")
     p.add_argument("--subject", default="default", help="default (the organism's demo) or a subject that ships an "
                                                        "experiment: smollm2")
     p.add_argument("--profile", action="store_true",
@@ -43,7 +43,7 @@ def _demo(args) -> int:
     from opct.commands.run import run_and_report
     from opct.experiment import load_experiment
 
-    return run_and_report(load_experiment(None, out=args.out, name=args.name or "demo"))
+    return run_and_report(load_experiment(None, out=args.out, name="demo" if args.name is None else args.name))
 
 
 def _subject(args) -> int:
@@ -65,7 +65,7 @@ def _subject(args) -> int:
     from opct.commands.run import run_and_report
     from opct.experiment import load_experiment
 
-    over = {"name": args.name} if args.name else {}
+    over = {} if args.name is None else {"name": args.name}
     return run_and_report(load_experiment(subject.experiment, out=args.out, **over))
 
 
