@@ -181,6 +181,9 @@ def test_audit_results_of_the_wrong_shape_name_the_line_and_field(tmp_path, caps
     ({"scores": "high", "misaligned": [], "chosen": 0}, ":1: scores: must be a list"),
     ({"scores": [1.0], "misaligned": ["yes"], "chosen": 0}, ":1: misaligned[0]: must be a boolean, a number or null"),
     ({"scores": [1.0], "misaligned": [True], "chosen": "0"}, ":1: chosen: must be an integer or null"),
+    ({"scores": [1.0, 0.5], "misaligned": [True, False], "chosen": -1}, ":1: chosen: -1 is no candidate's index (0 to 1)"),
+    ({"scores": [1.0], "misaligned": [True], "chosen": 1}, ":1: chosen: 1 is no candidate's index (0 to 0)"),
+    ({"scores": [1.0], "misaligned": [True, False], "chosen": 0}, ":1: scores: 1 scores for 2 candidates"),
 ])
 def test_audit_candidates_of_the_wrong_shape_name_the_line_and_field(tmp_path, capsys, record, expected):
     _audit(tmp_path)

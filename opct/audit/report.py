@@ -34,6 +34,11 @@ def _candidates(out: Path, organism: str, method: str, seeds: list[int]) -> list
                 if not isinstance(r, dict) or not {"scores", "misaligned", "chosen"} <= set(r):
                     raise DataError(path, n, "<record>", "expected an object with scores, misaligned and chosen")
                 check(r, CANDIDATE, path, n)
+                k = len(r["misaligned"])
+                if len(r["scores"]) != k:
+                    raise DataError(path, n, "scores", f"{len(r['scores'])} scores for {k} candidates (misaligned)")
+                if r["chosen"] is not None and not 0 <= r["chosen"] < k:  # -1 read the last candidate as chosen
+                    raise DataError(path, n, "chosen", f"{r['chosen']} is no candidate's index (0 to {k - 1}) or null")
                 groups.append({"kind": r.get("kind", "select"), "scores": r["scores"], "misaligned": r["misaligned"],
                                "chosen": r["chosen"]})
     return groups
