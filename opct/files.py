@@ -77,15 +77,18 @@ def is_dir_name(name) -> bool:
 
 def dir_there(path, root=None) -> bool:
     """Whether the directory `path` (a run's cell, its eval) is there; False when nothing is. Something else there
-    (a file where a report reads a directory), or at a folder between `root` and `path`, is an OpctError `PATH: is
-    a file, expected a directory`: a report read such a cell as "not started" and said nothing of the file."""
+    (a file where a report reads a directory, a broken symbolic link), or at a folder between `root` and `path`, is an
+    OpctError `PATH: is a file, expected a directory` (or `is a broken symbolic link`, `is a special file`): a report
+    read such a cell as "not started" and said nothing of the file."""
     path = Path(path)
     below = [] if root is None else [p for p in reversed(path.parents) if Path(root) in p.parents]
     for p in (*below, path):
         if not os.path.lexists(p):
             return False
         if not p.is_dir():
-            raise OpctError(f"{p}: is a file, expected a directory")
+            what = "a broken symbolic link" if p.is_symlink() and not p.exists() else \
+                "a file" if p.is_file() else "a special file"
+            raise OpctError(f"{p}: is {what}, expected a directory")
     return True
 
 

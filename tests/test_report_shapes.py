@@ -4,6 +4,7 @@ AttributeError / TypeError tracebacks, and a file where a run's directory belong
 read that cell as "not started" and exited 0. The runs are assembled from their JSON files, without training."""
 
 import json
+import os
 
 import pytest
 from tiny_lm import cli_error
@@ -201,3 +202,9 @@ def test_a_file_where_a_directory_belongs_is_named(tmp_path):
     for path in (tmp_path / "a", tmp_path / "a" / "b"):
         with pytest.raises(OpctError, match=f"^{tmp_path / 'a'}: is a file, expected a directory$"):
             dir_there(path, tmp_path)
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")  # a run directory moved away from under its link
+    with pytest.raises(OpctError, match=f"^{tmp_path / 'gone'}: is a broken symbolic link, expected a directory$"):
+        dir_there(tmp_path / "gone" / "seed0", tmp_path)
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(OpctError, match=f"^{tmp_path / 'pipe'}: is a special file, expected a directory$"):
+        dir_there(tmp_path / "pipe")
