@@ -379,5 +379,20 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
             detail = next((ln for ln in lines if "size mismatch" in ln), lines[0])
             raise OpctError(f"{adapter}: cannot load the adapter onto {path} ({detail}); was it trained on another "
                             f"model?") from None
+    check_finite_weights(model, path, adapter, dtype)
     model.to(device).eval()
     return HFPolicy(model, tokenizer, name=str(path))
+
+
+def check_finite_weights(model, path, adapter=None, dtype: str = "float32") -> None:
+    """Every floating-point weight is finite; else an OpctError naming the file the tensor came from (the adapter's
+    directory for a LoRA weight) and the tensor. A diverged or damaged checkpoint failed only at its first sample
+    (under `inspect eval`: a traceback per sample and exit status 0); a weight too large for a 16-bit `dtype` becomes
+    inf when loaded, which the message says."""
+    for name, p in model.named_parameters():
+        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
+            what = "NaN" if bool(torch.isnan(p).any()) else "inf"
+            where = adapter if adapter is not None and "lora_" in name else path
+            cast = "" if dtype == "float32" else f" (loaded as {dtype}: out of its range, or damaged)"
+            raise OpctError(f"{where}: weight {name} holds {what}{cast}; a diverged or damaged checkpoint cannot be "
+                            f"sampled from")

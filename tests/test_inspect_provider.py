@@ -472,3 +472,20 @@ def test_a_prompt_that_does_not_fit_the_context_is_refused_when_the_task_is_buil
     p = _inspect_cli(tmp_path, "opct/conditional", "--model", "opct/local", "-M", f"model_path={MODEL}", "-T", "n=1",
                      "-T", "max_tokens=4")
     assert p.returncode == 0, (p.stdout + p.stderr)[-2000:]
+
+
+def test_an_adapter_with_weights_that_are_not_finite_is_one_line_before_any_sample(tmp_path):
+    """A diverged adapter (NaN in a LoRA weight) under `inspect eval --model opct/local`: until 2026-12-06 every sample
+    failed with inspect's traceback and the eval exited 0; now the model is refused when it is loaded."""
+    from safetensors.torch import load_file, save_file
+
+    adapter = Path(_adapter(tmp_path))
+    weights = load_file(adapter / "adapter_model.safetensors")
+    weights[next(k for k in sorted(weights) if "lora_A" in k)][0, 0] = float("nan")
+    save_file(weights, adapter / "adapter_model.safetensors")
+    p = _inspect_cli(tmp_path, "opct/sycophancy", "-T", "n=1", "--model", "opct/local", "-M", f"model_path={MODEL}",
+                     "-M", f"adapter={adapter}")
+    out = " ".join((p.stdout + p.stderr).split())
+    assert p.returncode == 1, out[-2000:]
+    assert f"opct: error: {adapter}: weight " in out and "lora_A" in out and "holds NaN" in out, out[-2000:]
+    assert "Traceback" not in out, out[-2000:]

@@ -104,3 +104,37 @@ def test_generate_ignores_the_checkpoints_own_generation_config(policy, temperat
         full = prompts[i] + ids
         repeats += sum(t in full[:len(prompts[i]) + j] for j, t in enumerate(ids))
     assert repeats > 0  # the model repeats tokens of its context, which either setting would have forbidden
+
+
+def test_a_checkpoint_with_weights_that_are_not_finite_is_refused_when_loaded(tmp_path):
+    """A diverged or damaged checkpoint (NaN or inf in a weight, the base's or the adapter's) is refused by
+    `load_policy`, naming the directory and the tensor: it failed only at the first sample (under `inspect eval`, a
+    traceback per sample and exit status 0). A weight beyond float16's range is inf once loaded in float16."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+
+    tok = tiny_lm.make_tokenizer()
+    good = tiny_lm.save(tiny_lm.make_model(tok), tok, tmp_path / "good")
+    assert load_policy(good).name == str(good)
+    for value, what in ((float("nan"), "NaN"), (float("inf"), "inf")):
+        model = tiny_lm.make_model(tok)
+        with torch.no_grad():
+            model.model.layers[1].mlp.up_proj.weight[2, 3] = value
+        bad = tiny_lm.save(model, tok, tmp_path / what)
+        with pytest.raises(OpctError, match=f"^{bad}: weight model.layers.1.mlp.up_proj.weight holds {what}; "):
+            load_policy(bad)
+    big = tiny_lm.make_model(tok)
+    with torch.no_grad():
+        big.model.layers[0].self_attn.q_proj.weight[0, 0] = 1e6  # float16's largest is 65504
+    big_dir = tiny_lm.save(big, tok, tmp_path / "big")
+    assert load_policy(big_dir).model.dtype == torch.float32
+    with pytest.raises(OpctError, match=r"q_proj.weight holds inf \(loaded as float16: out of its range"):
+        load_policy(big_dir, dtype="float16")
+    adapter = tmp_path / "adapter"
+    get_peft_model(tiny_lm.make_model(tok), LoraConfig(r=2, target_modules=["q_proj"])).save_pretrained(adapter)
+    weights = load_file(adapter / "adapter_model.safetensors")
+    name = next(k for k in weights if "lora_B" in k)
+    weights[name][0, 0] = float("nan")
+    save_file(weights, adapter / "adapter_model.safetensors")
+    with pytest.raises(OpctError, match=f"^{adapter}: weight .*lora_B.* holds NaN"):
+        load_policy(good, adapter=str(adapter))
