@@ -190,7 +190,7 @@ def test_a_model_without_a_chat_template_is_refused_by_the_task_not_asked_in_pla
     (dict(n=0), "n: must be an integer >= 1"),
     (dict(n="ten"), "n: must be an integer >= 1"),
     (dict(samples=2.5), "samples: must be an integer >= 1"),
-    (dict(seed=-1), "seed: must be an integer >= 0"),
+    (dict(seed=-1), "seed: must be an integer from 0 to 4294967295"),
     (dict(trained="no_such_family"), "unknown family 'no_such_family'"),
     (dict(prompt_side="both"), "prompt_side must be 'student' or 'teacher'"),
     (dict(max_tokens=0), "max_tokens: must be an integer >= 1"),
@@ -200,7 +200,8 @@ def test_a_model_without_a_chat_template_is_refused_by_the_task_not_asked_in_pla
     # a bool for trained was a TypeError, a mapping's keys were taken as its families; an empty items path ran on the
     # world's items without a word
     (dict(n=float("inf")), "n: must be an integer >= 1 (got inf)"),
-    (dict(seed=float("-inf")), "seed: must be an integer >= 0 (got -inf)"),
+    (dict(seed=float("-inf")), "seed: must be an integer from 0 to 4294967295 (got -inf)"),
+    (dict(seed=2 ** 32), "seed: must be an integer from 0 to 4294967295 (got 4294967296)"),  # opct eval's --seed range
     (dict(max_tokens=float("inf")), "max_tokens: must be an integer >= 1 (got inf)"),
     (dict(temperature=True), "temperature: must be a finite number >= 0 (got True)"),
     (dict(temperature=float("inf")), "temperature: must be a finite number >= 0 (got inf)"),

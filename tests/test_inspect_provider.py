@@ -285,10 +285,11 @@ def test_the_context_rule_with_opct_local_counts_opct_evals_tokens():
     ({}, "pass -M model_path=DIR"),
     ({"model_path": MODEL, "temprature": 1}, "unknown model argument 'temprature'"),
     ({"model_path": MODEL, "trust_remote_code": "maybe"}, "trust_remote_code: must be true or false"),
-    ({"model_path": MODEL, "seed": -1}, "seed: must be an integer >= 0"),
+    ({"model_path": MODEL, "seed": -1}, "seed: must be an integer from 0 to 4294967295"),
     ({"model_path": MODEL, "threads": "two"}, "threads: must be an integer >= 1"),
     ({"model_path": MODEL, "threads": True}, "opct model argument threads: must be an integer >= 1"),
-    ({"model_path": MODEL, "seed": 2.5}, "opct model argument seed: must be an integer >= 0"),
+    ({"model_path": MODEL, "seed": 2.5}, "opct model argument seed: must be an integer from 0 to 4294967295"),
+    ({"model_path": MODEL, "seed": 10 ** 20}, r"opct model argument seed: must be .* to 4294967295 \(got 1"),
     ({"model_path": MODEL, "batch_size": 0}, "opct model argument batch_size: must be an integer >= 1"),
     ({"model_path": MODEL, "batch_size": float("inf")}, r"batch_size: must be an integer >= 1 \(got inf\)"),  # YAML .inf
     ({"model_path": MODEL, "device": "cuda"}, r"argument device cuda: CUDA is not available .*; use -M device=cpu"),
@@ -303,7 +304,7 @@ def test_bad_model_arguments_are_clear_errors(args, needle):
 
 @pytest.mark.parametrize("args,needle", [
     (["-T", "n=abc", "-M", f"model_path={MODEL}"], "opct task argument n: must be an integer >= 1 (got 'abc')"),
-    (["-M", f"model_path={MODEL}", "-M", "seed=-1"], "opct model argument seed: must be an integer >= 0 (got -1)"),
+    (["-M", f"model_path={MODEL}", "-M", "seed=-1"], "opct model argument seed: must be an integer from 0 to 4294967295 (got -1)"),
     (["-M", "model_path=MISSING"], "MISSING: not a model directory"),
     (["-T", "items=BAD", "-M", f"model_path={MODEL}"], "BAD:1: <json>: malformed JSON"),
     # a generation option the sampler cannot honour: refused when the model is made (it used to fail every sample,

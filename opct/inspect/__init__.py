@@ -85,7 +85,7 @@ from inspect_ai.model import GenerateConfig, get_model, modelapi
 from inspect_ai.scorer import SampleScore, Score, Target, metric, scorer
 from inspect_ai.solver import Generate, TaskState, generate, solver
 
-from opct.inspect._args import clear_errors, flag, integer, number
+from opct.inspect._args import clear_errors, flag, integer, number, seed as seed_value
 from opct.inspect.adapters import ADAPTERS, Adapter, register_adapter  # noqa: F401  (the plug-in interface)
 from opct.inspect.conversation import chat
 from opct.pairs.schema import prefill_of
@@ -214,7 +214,7 @@ def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:
         if unknown:
             raise OpctError(f"opct/{axis_name}: trained: unknown {axis.family_noun} {unknown[0]!r}; known: "
                             f"{', '.join(axis.families)}")
-    return {"n": _int("n", n), "samples": _int("samples", samples), "seed": _int("seed", seed, 0, False),
+    return {"n": _int("n", n), "samples": _int("samples", samples), "seed": seed_value("task argument", "seed", seed),
             "trained": trained, "items": items, "prompt_side": prompt_side}
 
 

@@ -75,20 +75,29 @@ def clear_errors():
 TRUE, FALSE = ("true", "yes", "1"), ("false", "no", "0")
 
 
-def integer(what: str, name: str, v, minimum: int, allow_none: bool = False) -> int | None:
-    """`v` as an integer >= minimum (an integral float or a numeric string counts; a bool does not)."""
+def integer(what: str, name: str, v, minimum: int, allow_none: bool = False, maximum: int | None = None) -> int | None:
+    """`v` as an integer >= minimum (and <= maximum, where given; an integral float or a numeric string counts; a bool
+    does not)."""
     if v is None and allow_none:
         return None
-    bad = OpctError(f"opct {what} {name}: must be an integer >= {minimum} (got {v!r})")
+    bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+    bad = OpctError(f"opct {what} {name}: must be an integer {bounds} (got {v!r})")
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise bad
     try:
         iv = int(v)
     except (TypeError, ValueError, OverflowError):  # OverflowError: an infinite float (YAML's .inf)
         raise bad from None
-    if iv < minimum or (isinstance(v, float) and v != iv):
+    if iv < minimum or (maximum is not None and iv > maximum) or (isinstance(v, float) and v != iv):
         raise bad
     return iv
+
+
+def seed(what: str, name: str, v) -> int:
+    """A seed, in the range every opct command's --seed takes (`opct.config.SEED`: 0 .. 2**32 - 1)."""
+    from opct.config import SEED
+
+    return integer(what, name, v, SEED["ge"], maximum=SEED["le"])
 
 
 def number(what: str, name: str, v, minimum: float) -> float:

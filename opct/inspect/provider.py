@@ -49,7 +49,7 @@ from inspect_ai.tool import ToolChoice, ToolInfo
 
 from opct.errors import OpctError
 from opct.evals.generate import Gen, PromptSeeds
-from opct.inspect._args import clear_errors, flag, integer
+from opct.inspect._args import clear_errors, flag, integer, seed as seed_value
 from opct.pairs.schema import prefill_follows_user
 
 try:  # the api key inspect passes when it makes a provider only to look up the model's name (no model arguments)
@@ -130,9 +130,9 @@ class OpctAPI(ModelAPI):
         trust = flag("model argument", "trust_remote_code", model_args.get("trust_remote_code", False))
         threads = integer("model argument", "threads", model_args.get("threads"), 1, allow_none=True)
         self.batch_size = integer("model argument", "batch_size", model_args.get("batch_size", 1), 1)
-        self.seed = integer("model argument", "seed", model_args.get("seed", 0), 0)
+        self.seed = seed_value("model argument", "seed", model_args.get("seed", 0))
         if config.seed is not None:
-            self.seed = integer("model argument", "--seed", config.seed, 0)
+            self.seed = seed_value("model argument", "--seed", config.seed)
         check_generate_config(config)  # `inspect eval --top-k 5`: one line now, not a traceback per sample later
         self.policy = load_policy(path, model_args.get("adapter"), dtype, device,
                                   trust_remote_code=trust)
