@@ -27,6 +27,9 @@ def test_paper_yaml_loads_with_every_arm_and_three_seeds():
     assert {"base", "opct", "sft", "bct", "act", "mlpct", "attct"} <= set(cfg.arms)
     assert {"teacher", "offpolicy", "sft_opct", "bct_benign", "opct_paper"} <= set(cfg.arms)  # the paper's arms
     assert len(cfg.seeds) == 3
+    # the paper's objective as its code runs it: the token-sum surrogate, and no gradient clip (opct's default clip
+    # at norm 1 rescaled every step of the summed loss, whose norm was 75-260 on a tiny model)
+    assert cfg.arms["opct_paper"] == {"method": "opct", "estimator": "paper", "max_grad_norm": 0}
 
 
 @pytest.mark.parametrize("text, needle", [
