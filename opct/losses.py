@@ -18,9 +18,13 @@ Estimators of its gradient (`ESTIMATORS`):
   full     exact KL_t over the vocabulary, differentiated directly (its exact gradient, see `_kl`). The DEFAULT:
            no sampling noise in the token dimension, unbiased, and nearly free — both forward passes produce the
            full-vocabulary log-probs anyway; the KL is one more elementwise pass over them.
-  topk     KL over the student's top-k tokens plus one tail bucket holding the remaining mass of each model. It
-           needs the teacher's log-probs only at k token ids (what a served teacher can return); with both models
-           local, as here, it saves nothing over `full` and is biased low (a KL between coarsened distributions).
+  topk     KL over the student's top-k tokens plus one tail bucket holding the remaining mass of each model,
+           differentiated directly. It needs the teacher's log-probs only at the student's k token ids (a served
+           teacher that returns only its *own* top-k cannot give them); with both models local, as here, it saves
+           nothing over `full` and is biased low (a KL between coarsened distributions). opct's own choice: the
+           paper's top-k option differs (a scalar advantage sum_{student top-k} p_s (log p_s - log p_T), no tail,
+           -100 for a token outside the teacher's own top-k, inside its importance-sampling loss; its expected
+           gradient per token is zero, as the advantage does not depend on the sampled token).
   sampled  REINFORCE: stop_grad(delta_t) * grad log pi_theta(y_t), optionally times a stop-grad importance weight
            pi_theta(y_t) / q(y_t) against the sampler q (useful when sampling at temperature != 1). Since
            E_{y_t ~ pi_theta}[delta_t * grad log pi_theta(y_t)] = grad KL_t, it agrees with `full` in expectation.
@@ -28,7 +32,9 @@ Estimators of its gradient (`ESTIMATORS`):
   paper    the OPCT paper's objective (its code's `importance_sampling` loss): per token the advantage
            A_t = -(log q(y_t) - log pi_T(y_t)), with q the sampler's log-prob of the token, and the surrogate
            -exp(log pi_theta(y_t) - log q(y_t)) * A_t, SUMMED over all response tokens of the step (no division by
-           their count: `SUM_LOSS`), no clipping. On-policy at temperature 1 (q = pi_theta) its gradient is
+           their count: `SUM_LOSS`), no clipping. (The paper's code also clips no gradient: configs/paper.yaml's
+           `opct_paper` arm sets `max_grad_norm: 0`; opct's default clip at norm 1 would rescale every step of
+           this summed loss, whose norm runs to the hundreds.) On-policy at temperature 1 (q = pi_theta) its gradient is
            `sampled`'s; it differs in using the sampler's log-prob in the advantage and in the token-sum scale.
 
 Every estimator returns `(surrogate_B_T, value_B_T)`: back-propagate the masked sum of `surrogate`; report `value`
