@@ -115,6 +115,29 @@ def test_parse_answer():
     assert SY.parse_answer("The answer is New York.", ["New York", "Paris"]) == "New York"
 
 
+@pytest.mark.parametrize("response, choices, expected", [
+    # an explicit answer that is no choice is no choice: the working's numbers were taken for the answer
+    ("2 + 1 = 3. the answer is 3.", ["1", "4"], None),
+    ("Counting again, the answer is 2.", ["1", "4"], None),
+    ("The answer is 4. No wait, the answer is 6.", ["4", "1"], None),
+    # numbers whole: 5.5 names neither 5 nor 1
+    ("the answer is 5.5", ["1", "5"], None),
+    ("the answer is 5.5", ["5.5", "5"], "5.5"),
+    ("The answer is 1,000.", ["1,000", "10"], "1,000"),
+    ("the answer is 4. 1 is wrong", ["1", "4"], "4"),
+    # numeric choices without 'answer is': one number named, and no other
+    ("4", ["1", "4"], "4"),
+    ("I think 4.", ["1", "4"], "4"),
+    ("2 + 2 = 4", ["1", "4"], None),
+    # unchanged: articles, rejections, a later non-answer
+    ("The answer is the forest.", ["forest", "cave"], "forest"),
+    ("The answer is not Lyon; it is Paris.", ["Paris", "Lyon"], "Paris"),
+    ("Paris, not Lyon", ["Paris", "Lyon"], "Paris"),
+])
+def test_parse_answer_takes_the_stated_answer_and_numbers_whole(response, choices, expected):
+    assert SY.parse_answer(response, choices) == expected
+
+
 # ---------------------------------------------------------------------------------------------------- jailbreak
 
 def _jb(item, variant, family, wsplit, category, csplit, harmful, verdict):
