@@ -91,12 +91,36 @@ def check_adapter(adapter_dir) -> None:
     folder = Path(adapter_dir)
     if not (folder / "adapter_config.json").is_file():
         raise OpctError(f"{folder}: not a peft adapter directory (no adapter_config.json)")
-    _json_object(folder / "adapter_config.json", "peft adapter config")
+    config = _json_object(folder / "adapter_config.json", "peft adapter config")
+    if config.get("peft_type") != "LORA":  # PREFIX_TUNING and the like were a TypeError from inside peft
+        raise OpctError(f"{folder / 'adapter_config.json'}: peft_type: opct loads LoRA adapters (\"LORA\"), got "
+                        f"{config.get('peft_type')!r}")
     weights = folder / "adapter_model.safetensors"
     if not weights.is_file():
         _refuse_pickles(folder, "the adapter")
         raise OpctError(f"{folder}: no adapter_model.safetensors in the adapter directory")
     _check_safetensors([weights])
+
+
+def check_adapter_loaded(peft_model, adapter_dir) -> None:
+    """Every tensor the adapter's configuration calls for was in its adapter_model.safetensors, and nothing else: peft
+    only warns of missing ones (left at their initial values: the adapter half loaded) and drops unexpected ones. An
+    OpctError naming the file and the first few tensors otherwise."""
+    from peft import get_peft_model_state_dict
+    from safetensors import safe_open
+
+    path = Path(adapter_dir) / "adapter_model.safetensors"
+    with safe_open(str(path), "pt") as f:
+        saved = set(f.keys())
+    wanted = set(get_peft_model_state_dict(peft_model))
+    problems = []
+    for names, what in ((wanted - saved, "missing (the configuration's target modules need them)"),
+                        (saved - wanted, "in the file but in no module the configuration adapts")):
+        if names:
+            shown = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+            problems.append(f"{len(names)} tensor(s) {what}: {shown}")
+    if problems:
+        raise OpctError(f"{path}: does not match its adapter_config.json on this model: " + "; ".join(problems))
 
 
 def check_loading_info(model_dir, info: dict) -> None:

@@ -1,6 +1,8 @@
 """The policy interface is the one way to a model: greedy decoding (temperature 0) on both sampling paths, the fast
 engine's fallback to generate() only on its typed signal (said once), and diverged weights as a clear error."""
 
+import json
+
 import pytest
 import tiny_lm
 import torch
@@ -138,3 +140,33 @@ def test_a_checkpoint_with_weights_that_are_not_finite_is_refused_when_loaded(tm
     save_file(weights, adapter / "adapter_model.safetensors")
     with pytest.raises(OpctError, match=f"^{adapter}: weight .*lora_B.* holds NaN"):
         load_policy(good, adapter=str(adapter))
+
+
+def test_an_adapter_whose_tensors_do_not_match_its_configuration_is_refused(tmp_path):
+    """peft only warns of an adapter's missing tensors (they stay at their initial values: the adapter half loaded)
+    and drops unexpected ones, and a peft_type other than LoRA was a TypeError from inside peft: each is an error
+    naming the file now. A whole adapter loads, on the base and on every target module."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+
+    tok = tiny_lm.make_tokenizer()
+    base = tiny_lm.save(tiny_lm.make_model(tok), tok, tmp_path / "base")
+    good = tmp_path / "good"
+    get_peft_model(tiny_lm.make_model(tok), LoraConfig(r=2, target_modules="all-linear")).save_pretrained(good)
+    assert load_policy(base, adapter=str(good)).model.peft_config["default"].r == 2
+    weights = load_file(good / "adapter_model.safetensors")
+    for name, keep in (("fewer", {k: v for k, v in weights.items() if ".layers.0." not in k}),
+                       ("extra", {**weights, **{k.replace(".layers.0.", ".layers.9."): v.clone() for k, v in weights.items()}})):
+        bad = tmp_path / name
+        bad.mkdir()
+        (bad / "adapter_config.json").write_text((good / "adapter_config.json").read_text())
+        save_file(keep, bad / "adapter_model.safetensors")
+        n = sum(".layers.0." in k for k in weights)
+        what = "missing" if name == "fewer" else "in the file but in no module"
+        with pytest.raises(OpctError, match=f"^{bad / 'adapter_model.safetensors'}: does not match its "
+                                            f"adapter_config.json on this model: {n} tensor\\(s\\) {what}"):
+            load_policy(base, adapter=str(bad))
+    config = json.loads((good / "adapter_config.json").read_text())
+    (good / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "PREFIX_TUNING"}))
+    with pytest.raises(OpctError, match="adapter_config.json: peft_type: opct loads LoRA adapters .*'PREFIX_TUNING'"):
+        load_policy(base, adapter=str(good))
