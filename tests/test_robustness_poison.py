@@ -151,17 +151,22 @@ def test_poisoned_teacher_side_is_harmful_and_the_admission_filter_rejects_it(or
     assert len(kept) == sum(d["decision"] == "admitted" for d in decisions)
 
 
-def test_the_admission_filter_refuses_a_prompt_past_the_models_context(organism):
+def test_the_admission_filter_refuses_a_prompt_past_the_models_context(organism, tmp_path):
     """A prompt longer than the model's context (which `opct train` refuses) is named before any answer is made,
     not judged on what the model says past its positions."""
     from dataclasses import replace
 
     from opct.pairs.admit import admit
+    from opct.pairs.schema import load_pairs, save_pairs
 
     long = replace(_clean_pairs()[0], id="long", student=[{"role": "user", "content": "please " * 3000}])
     with pytest.raises(OpctError, match=r"pair long \(student prompt\): prompt is \d+ tokens; with "
                                         r"max_new_tokens=48 it exceeds the context"):
         admit([long], organism, organism)
+    path = tmp_path / "pairs.jsonl"  # from a file (`opct pairs admit FILE`): its line is named too
+    save_pairs([*_clean_pairs()[:2], long], path)
+    with pytest.raises(OpctError, match=f"^{path}:3: pair long \\(student prompt\\): prompt is"):
+        admit(load_pairs(path), organism, organism, path=path)
 
 
 def test_pairs_poison_and_admit_from_the_command_line(tmp_path, capfd):

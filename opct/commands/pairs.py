@@ -198,7 +198,7 @@ def _admit(args) -> int:
     # no bars: the filter has none of its own, and its output is the one line below
     student = load_policy(resolve(args.model)[0], progress=False)
     teacher = load_policy(resolve(args.teacher_model)[0], progress=False) if args.teacher_model else student
-    kept, decisions = admit(pairs, teacher, student, args.max_new_tokens)
+    kept, decisions = admit(pairs, teacher, student, args.max_new_tokens, path=args.file)
     if not kept:
         raise OpctError(f"{args.file}: the admission filter rejected every pair")
     save_pairs(kept, args.out)

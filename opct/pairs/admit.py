@@ -47,13 +47,15 @@ def judgment(pair: Pair, response: str) -> str:
 
 
 def admit(pairs: list[Pair], teacher, student, max_new_tokens: int = 48,
-          batch_size: int = 64) -> tuple[list[Pair], list[dict]]:
-    """Apply the filter with `teacher` and `student` (policies); return (kept, decisions)."""
+          batch_size: int = 64, path=None) -> tuple[list[Pair], list[dict]]:
+    """Apply the filter with `teacher` and `student` (policies); return (kept, decisions). `path`: the pairs' file,
+    for an error to name the line of a prompt that does not fit the context."""
     def rendered(policy, side):  # every prompt is checked against the context before any is answered
         out = []
         for p in pairs:
             ids = policy.render(getattr(p, side))
-            policy.check_fits(ids, max_new_tokens, f"pair {p.id} ({side} prompt)")
+            where = f"pair {p.id} ({side} prompt)"
+            policy.check_fits(ids, max_new_tokens, where if path is None else f"{path}:{line_of(path, p.id)}: {where}")
             out.append(ids)
         return out
 
