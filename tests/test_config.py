@@ -179,7 +179,9 @@ def test_an_lm_eval_include_that_is_not_a_folder_is_refused_before_the_model_loa
      "--suite, or drop --lm-eval"),
     (["--suite", "capability", "--lm-eval", "--lm-eval-tasks", "t1", "t2", "t1"],
      "lm_eval_tasks: names 't1' twice (got t1 t2 t1)"),
-], ids=["limit", "tasks", "chat-template", "no-capability", "task-twice"])
+    # every probe is held in memory: a million samples per prompt ran the machine out of it (killed, no message)
+    (["--suite", "sycophancy", "--samples", "1001"], "--samples: must be <= 1000 (got 1001)"),
+], ids=["limit", "tasks", "chat-template", "no-capability", "task-twice", "samples"])
 def test_lm_eval_options_that_would_do_nothing_are_refused(capsys, tmp_path, extra, says):
     """They used to be ignored without a word (exit 0, no lm-eval metrics)."""
     line = cli_error(capsys, ["eval", "--model", str(tmp_path / "no-model"), "--out", str(tmp_path / "ev"), *extra])

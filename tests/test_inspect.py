@@ -189,7 +189,8 @@ def test_a_model_without_a_chat_template_is_refused_by_the_task_not_asked_in_pla
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(n=0), "n: must be an integer >= 1"),
     (dict(n="ten"), "n: must be an integer >= 1"),
-    (dict(samples=2.5), "samples: must be an integer >= 1"),
+    (dict(samples=2.5), "samples: must be an integer from 1 to 1000"),
+    (dict(samples=1001), "samples: must be an integer from 1 to 1000 (got 1001)"),  # opct eval's --samples range
     (dict(seed=-1), "seed: must be an integer from 0 to 4294967295"),
     (dict(trained="no_such_family"), "unknown family 'no_such_family'"),
     (dict(prompt_side="both"), "prompt_side must be 'student' or 'teacher'"),
@@ -446,7 +447,7 @@ def test_a_conditional_items_file_is_asked_as_opct_eval_asks_it(tmp_path):
     ("persona", {"trained": "grax,nobody"}, "unknown persona 'nobody'"),
     ("conditional", {"trained": "evil"}, "unknown trigger 'evil'"),
     ("frustration", {"trained": "rude"}, "unknown rejection style 'rude'"),
-    ("frustration", {"samples": 0}, "samples: must be an integer >= 1"),
+    ("frustration", {"samples": 0}, "samples: must be an integer from 1 to 1000"),
     ("frustration", {"prompt_side": "both"}, "prompt_side must be 'student' or 'teacher'"),
 ])
 def test_bad_arguments_of_the_persona_conditional_and_frustration_tasks_are_clear_errors(axis, kwargs, needle):

@@ -72,6 +72,9 @@ def check_pair_options(options: dict, field: str = "pair_options") -> None:
                 raise ConfigError(f"{field}.{axis}.{k}", f"must be one of {', '.join(known[k])} (got {v!r})")
 
 
+SAMPLES_MAX = 1000  # sampled responses per prompt: every probe is held in memory
+
+
 @dataclass
 class EvalConfig:
     model: str = option("", "model directory (save_pretrained format)")
@@ -83,7 +86,8 @@ class EvalConfig:
                                     "benign requests each, default all; awareness: safety facts, default all; "
                                     "capability: items per skill, default 100)", ge=1)
     samples: Optional[int] = option(None, "sampled responses per prompt (default: sycophancy 1, jailbreak 2, "
-                                          "awareness 2, capability 1)", ge=1)
+                                          "awareness 2, capability 1; at most 1000: every probe is held in memory, "
+                                          "and a million ran the machine out of it)", ge=1, le=SAMPLES_MAX)
     seed: int = option(0, "seed for item draws, templates, sampling and bootstrap", **SEED)
     items: Optional[str] = option(None, "your own items (JSONL) for the one --suite given; see the axis's module in "
                                         "opct/axes/")

@@ -193,6 +193,8 @@ def _flag(name, v) -> bool:
 
 
 def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:
+    from opct.evals.run import SAMPLES_MAX
+
     from opct.axes import get
 
     axis = get(axis_name)
@@ -214,7 +216,7 @@ def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:
         if unknown:
             raise OpctError(f"opct/{axis_name}: trained: unknown {axis.family_noun} {unknown[0]!r}; known: "
                             f"{', '.join(axis.families)}")
-    return {"n": _int("n", n), "samples": _int("samples", samples), "seed": seed_value("task argument", "seed", seed),
+    return {"n": _int("n", n), "samples": integer("task argument", "samples", samples, 1, True, maximum=SAMPLES_MAX), "seed": seed_value("task argument", "seed", seed),
             "trained": trained, "items": items, "prompt_side": prompt_side}
 
 
