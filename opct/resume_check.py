@@ -6,6 +6,12 @@
   block_defaults(saved, **blocks), defaults_of(cls)   what a field missing from a saved config counts as
   restart_allowed(root, settings, changed)   other settings are fine where nothing was run with the saved ones
   check_extended(saved, path, **shapes)      the lists and mappings a rerun extends have the shape it wrote
+
+and "did the inputs change on resume" (a run's files, by content, where its settings hold only their paths), of
+train's RUN/inputs.json and an eval's run.json:
+  weights_fingerprint(model)        one fingerprint of a model's or adapter's safetensors files
+  folder_fingerprint(folder)        one fingerprint of every file under a folder (lm-eval task YAMLs)
+  changed_inputs(saved, now)        the inputs whose recorded fingerprint differs from the one found now
 """
 
 from __future__ import annotations
@@ -119,3 +125,57 @@ def check_extended(saved: dict, path, **shapes: str) -> None:
         want, ok = _SHAPES[shape]
         if key in saved and not ok(saved[key]):
             raise OpctError(f"{path}: {key}: expected {want}, got {_short(saved[key])}")
+
+
+def weights_fingerprint(model: str) -> str | None:
+    """One fingerprint (`opct.files.fingerprint`) over the safetensors files of a model or adapter directory (or of
+    the subject's model it names), by file name; None when there are none to read (the loader reports that).
+    Gigabytes of weights are not hashed whole on every start and resume: a replaced or retrained model is what this
+    catches."""
+    import hashlib
+    from pathlib import Path
+
+    from opct import files
+    from opct.errors import OpctError
+    from opct.subjects import SUBJECTS, resolve
+
+    if model not in SUBJECTS and not Path(model).is_dir():
+        return None  # the loader names the problem
+    folder = Path(resolve(model)[0])
+    weights = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    if not weights:
+        return None
+    h = hashlib.sha256()
+    for p in weights:
+        try:
+            h.update(f"{p.name}:{files.fingerprint(p)}\n".encode())
+        except OSError as e:
+            raise OpctError(f"{p}: {files.os_problem(e)}") from None
+    return h.hexdigest()
+
+
+def folder_fingerprint(folder) -> str | None:
+    """One fingerprint (`opct.files.fingerprint`) over every file under `folder`, by relative path (a file added,
+    removed, renamed or changed changes it); None when `folder` is not a folder (its reader names the problem)."""
+    import hashlib
+    from pathlib import Path
+
+    from opct import files
+    from opct.errors import OpctError
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    h = hashlib.sha256()
+    try:
+        for p in sorted(p for p in folder.rglob("*") if p.is_file()):
+            h.update(f"{p.relative_to(folder).as_posix()}:{files.fingerprint(p)}\n".encode())
+    except OSError as e:
+        raise OpctError(f"{folder}: {files.os_problem(e)}") from None
+    return h.hexdigest()
+
+
+def changed_inputs(saved: dict, now: dict) -> list[str]:
+    """The inputs of `now` (name -> fingerprint) whose fingerprint in `saved` (what the run recorded) differs; an
+    input the run did not record (a run started before it was, or a file not there then) is not compared."""
+    return [k for k, v in now.items() if saved.get(k, v) != v]

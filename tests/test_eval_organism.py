@@ -184,3 +184,117 @@ def test_opct_eval_resume_continues_a_failed_run_to_what_an_uninterrupted_one_wr
     assert f"resuming {out}: sycophancy done" in capsys.readouterr().out
     assert {f: (out / f).read_text() for f in whole} == whole
     assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy", "capability"]
+
+
+def _interrupted(out, argv, monkeypatch, capsys) -> dict:
+    """Run `opct eval argv --out out` with its jailbreak axis failing, after sycophancy was written; the files it
+    left (name -> bytes)."""
+    import dataclasses
+
+    from opct.axes import AXES
+    from opct.errors import OpctError
+
+    def broken(policy, ctx):
+        raise OpctError("jailbreak broke")
+
+    with monkeypatch.context() as m:
+        m.setitem(AXES, "jailbreak", dataclasses.replace(AXES["jailbreak"], run=broken))
+        assert main([*argv, "--out", str(out)]) == 1
+    assert "jailbreak broke" in capsys.readouterr().err
+    assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy"]
+    return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+
+def _refused(out, argv, capsys) -> str:
+    """The one error line of `opct eval argv --out out --resume` (which must fail)."""
+    assert main([*argv, "--out", str(out), "--resume"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("opct: error: ") and "\n" not in err, err
+    return err
+
+
+EVAL_FILES = ("records.jsonl", "metrics.json", "metrics.txt")
+
+
+def test_opct_eval_resume_refuses_an_items_file_whose_contents_changed(test_organism, tmp_path, monkeypatch,
+                                                                       capsys):
+    """An items file overwritten between the stop and the --resume: refused, naming it and the run directory, and
+    nothing the run wrote is touched (before 2026-12-06 the resume finished with exit status 0, its finished axes
+    measured on the old items and run.json naming a file that no longer held them). With the original back the
+    resume ends as the uninterrupted run."""
+    items = tmp_path / "items.jsonl"
+    original = "".join(json.dumps({"id": f"q{i}", "question": f"Is the number {i} even?", "answer": "yes" if i % 2
+                                   == 0 else "no", "wrong_answer": "no" if i % 2 == 0 else "yes"}) + "\n"
+                       for i in range(3))
+    items.write_text(original)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"suite: sycophancy,jailbreak\nn: 3\nattack: false\nmax_new_tokens: 8\nprogress: false\n"
+                   f"axis_items: {{sycophancy: {items}}}\n")
+    argv = ["eval", "--model", str(test_organism), "--config", str(cfg)]
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    whole = {f: (tmp_path / "whole" / f).read_bytes() for f in EVAL_FILES}
+    assert json.loads((tmp_path / "whole" / "run.json").read_text())["inputs"]["axis_items.sycophancy"]
+    out = tmp_path / "part"
+    before = _interrupted(out, argv, monkeypatch, capsys)
+    items.write_text(json.dumps({"id": "x", "question": "Is the sky green?", "answer": "no",
+                                 "wrong_answer": "yes"}) + "\n")
+    assert _refused(out, argv, capsys) == (
+        f"opct: error: {out}: cannot resume: axis_items.sycophancy {items} holds other contents than when the run "
+        f"started (its fingerprint differs from {out / 'run.json'}'s inputs); its finished axes were measured on the "
+        f"earlier contents: put the original back, or evaluate again from the start (another --out, or remove {out})")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    items.write_text(original)  # the same contents again: resumed, to the uninterrupted run's files byte for byte
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    assert {f: (out / f).read_bytes() for f in EVAL_FILES} == whole
+    assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy", "jailbreak"]
+
+
+@pytest.mark.parametrize("changed", ["adapter", "model"])
+def test_opct_eval_resume_refuses_an_adapter_or_model_whose_weights_changed(test_organism, tmp_path, monkeypatch,
+                                                                            capsys, changed):
+    """The adapter (or the model) directory's weights replaced between the stop and the --resume: refused before
+    the model loads, naming the flag, its directory and the run directory; nothing the run wrote is touched (before
+    2026-12-06 the rest of the axes were measured on the other weights). A run.json written before inputs were
+    recorded still resumes, with a note saying they are not checked."""
+    import shutil
+
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    model = tmp_path / "model"
+    shutil.copytree(test_organism, model)
+
+    def save_adapter(seed):
+        torch.manual_seed(seed)
+        lora = LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False)
+        get_peft_model(AutoModelForCausalLM.from_pretrained(model), lora).save_pretrained(tmp_path / "adapter")
+
+    save_adapter(0)
+    argv = ["eval", "--model", str(model), "--adapter", str(tmp_path / "adapter"), "--suite", "sycophancy,jailbreak",
+            "--n", "3", "--no-attack", "--max-new-tokens", "8", "--no-progress"]
+    out = tmp_path / "part"
+    before = _interrupted(out, argv, monkeypatch, capsys)
+    if changed == "adapter":
+        save_adapter(1)  # another adapter at the same path
+    else:  # the model's weights retrained in place (its first tensor moved)
+        weights = load_file(model / "model.safetensors")
+        first = sorted(weights)[0]
+        weights[first] = weights[first] + 0.01
+        save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    capsys.readouterr()  # transformers' loading bar of save_adapter
+    named = f"--{changed} {tmp_path / changed}"
+    assert _refused(out, argv, capsys) == (
+        f"opct: error: {out}: cannot resume: {named} holds other contents than when the run started (its fingerprint "
+        f"differs from {out / 'run.json'}'s inputs); its finished axes were measured on the earlier contents: put "
+        f"the original back, or evaluate again from the start (another --out, or remove {out})")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    # a run started before the inputs were recorded: nothing to compare, so it resumes (and records them now)
+    run = json.loads((out / "run.json").read_text())
+    del run["inputs"]
+    (out / "run.json").write_text(json.dumps(run))
+    assert main([*argv, "--out", str(out), "--resume"]) == 0
+    assert (f"opct: note: {out / 'run.json'} records no fingerprints of its inputs (a run started before "
+            f"2026-12-06)") in capsys.readouterr().err
+    assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy", "jailbreak"]
+    assert set(json.loads((out / "run.json").read_text())["inputs"]) == {"model", "adapter"}

@@ -186,11 +186,15 @@ def _lm_eval(cfg, tasks, log) -> tuple[dict, dict]:
     responses and scores go to RUN/lm_eval_samples/TASK.jsonl."""
     from pathlib import Path
 
+    from opct.evals.inputs import eval_inputs
     from opct.evals.lm_eval_bridge import SAMPLES_DIR, run_lm_eval
     from opct.files import read_json, write_json_atomic
 
     settings = {k: str(getattr(cfg, k)) for k in ("model", "adapter", "lm_eval_limit", "lm_eval_chat_template",
                                                  "lm_eval_include", "dtype", "device")}
+    # and what those paths held: a task's metrics kept from a run of another model or adapter are not reused
+    settings["inputs"] = {k: v for k, v in eval_inputs(cfg).items() if k in ("model", "adapter")
+                          or k.startswith("lm_eval")}
     path = Path(cfg.out) / PARTIAL if cfg.out else None
     kept = read_json(path, "lm-eval partial results") if path is not None and path.is_file() else None
     finished = kept["tasks"] if isinstance(kept, dict) and kept.get("settings") == settings \

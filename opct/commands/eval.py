@@ -28,8 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--config", type=path_arg, default=None,
                    help="JSON or YAML file of eval and attacker fields (flags override)")
     p.add_argument("--resume", action="store_true", help="continue the eval run in --out (one that was killed or "
-                   "failed): its finished axes are kept and the others run, with the same settings; without it a "
-                   "run already in --out is refused")
+                   "failed): its finished axes are kept and the others run, with the same settings and inputs (a "
+                   "model, adapter or items file whose contents changed since is refused); without it a run already "
+                   "in --out is refused")
     p.set_defaults(func=run)
 
 

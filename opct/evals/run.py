@@ -5,7 +5,8 @@
                     (awareness hazard / benign), harmfulness (jailbreak)
     metrics.json    {metric name: {"value", "ci_low", "ci_high", "n", "higher_is_better", "parse_fail"}}
     metrics.txt     the same as a table
-    run.json        the configuration, the attacker's budget, the judge, and seconds per axis
+    run.json        the configuration, the attacker's budget, the judge, seconds per axis, the axes done, and
+                    the inputs' fingerprints (`opct.evals.inputs`: what a resume must find again)
 
 `run_eval` is a loop over `opct.axes.AXES`: each axis builds its probes from what the model was trained on
 (`EvalConfig.trained`), samples, grades and computes its metrics. `EvalConfig` is the single source of the
@@ -263,12 +264,16 @@ def _attack_settings(cfg: EvalConfig, attack_cfg) -> dict | None:
     return asdict(attack_cfg) if attack_cfg is not None and cfg.attack else None
 
 
-def _resumed(out: Path, cfg: EvalConfig, attack_cfg, names: list[str], resume: bool | str):
+def _resumed(out: Path, cfg: EvalConfig, attack_cfg, names: list[str], resume: bool | str,
+             inputs: dict | None = None):
     """What an earlier run into `out` finished: (axes, their records, metrics, seconds, info). Without `resume`
     that run is an error (it would be overwritten), as are other settings than its own (unless `resume` is
-    "checked": the caller compared them, as an experiment does, whose run directory may have moved). Each axis draws
-    from its own seed, so the axes run after the finished ones give what an uninterrupted run would have."""
+    "checked": the caller compared them, as an experiment does, whose run directory may have moved) and, either way,
+    inputs with other contents than those it recorded (`inputs`: `eval_inputs(cfg)`, when the caller has them). Each
+    axis draws from its own seed, so the axes run after the finished ones give what an uninterrupted run would
+    have."""
     from opct.files import read_json
+    from opct.evals.inputs import check_inputs, eval_inputs
     from opct.pairs.schema import read_jsonl
     from opct.resume_check import changes
 
@@ -285,6 +290,7 @@ def _resumed(out: Path, cfg: EvalConfig, attack_cfg, names: list[str], resume: b
                       may_change=tuple(f"config.{f}" for f in RESUMABLE), defaults={"config": asdict(EvalConfig())})
     if changed and resume != "checked":
         raise OpctError(f"{out}: cannot resume an eval run with other settings; changed: {', '.join(changed)}")
+    check_inputs(out, cfg, saved, eval_inputs(cfg) if inputs is None else inputs)
     done = [n for n in names if n in done]
     records = []
     for line, r in read_jsonl(out / "records.jsonl"):
@@ -296,7 +302,7 @@ def _resumed(out: Path, cfg: EvalConfig, attack_cfg, names: list[str], resume: b
     if not isinstance(metrics, dict):
         raise OpctError(f"{out / 'metrics.json'}: not an eval run's metrics (a JSON object)")
     metrics = {k: v for k, v in metrics.items() if k.split(".")[0] in done}
-    info = {k: v for k, v in saved.items() if k not in ("config", "attack_config", "seconds", "done")}
+    info = {k: v for k, v in saved.items() if k not in ("config", "attack_config", "seconds", "done", "inputs")}
     seconds = saved.get("seconds") if isinstance(saved.get("seconds"), dict) else {}  # timings only: not checked
     return done, records, metrics, dict(seconds), info
 
@@ -318,6 +324,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     run, when the caller has made it already."""
     from opct.axes import AXES, EvalContext
     from opct.evals.generate import Gen
+    from opct.evals.inputs import eval_inputs
     from opct.evals.metrics import format_table
     from opct.pairs.schema import write_jsonl_atomic
 
@@ -334,6 +341,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress, cfg.seed_per_prompt)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
+    inputs = eval_inputs(cfg)  # recorded in run.json: a resume must find the same contents
 
     done: list[str] = []
     records: list[dict] = []
@@ -341,7 +349,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     seconds: dict = {}
     info: dict = {}
     if earlier is None and (out / "run.json").exists():
-        earlier = _resumed(out, cfg, attack_cfg, names, resume)
+        earlier = _resumed(out, cfg, attack_cfg, names, resume, inputs)
     if earlier is not None:
         done, records, metrics, seconds, info = earlier
         if done:
@@ -353,7 +361,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
         write_atomic(out / "metrics.txt", format_table(metrics) + "\n" if metrics else "")
         write_json_atomic(out / "run.json", {"config": asdict(cfg), "judge": info.get("judge"), "seconds": seconds,
                                              "attack": info.get("attack"), "done": done,
-                                             "attack_config": _attack_settings(cfg, attack_cfg),
+                                             "attack_config": _attack_settings(cfg, attack_cfg), "inputs": inputs,
                                              **{k: v for k, v in info.items() if k not in ("judge", "attack")}})
 
     from opct.axes.capability import NAME as CAPABILITY, retry_failed_lm_eval

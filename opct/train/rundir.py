@@ -13,6 +13,7 @@ from pathlib import Path
 
 from opct import files
 from opct.config import changes, defaults_of
+from opct.resume_check import changed_inputs, weights_fingerprint
 from opct.errors import OpctError
 from opct.train.checkpoint import checkpoint_step, checkpoints, latest_checkpoint, write_json_atomic
 from opct.train.config import RESUMABLE_CHANGES, TrainConfig
@@ -73,7 +74,7 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
         if not isinstance(saved_inputs, dict):  # read as "nothing recorded", any data set continued the run
             raise OpctError(f"{inputs_path}: not a record of the run's inputs (expected a JSON object); put the "
                             f"original back, or start a new run")
-        changed = [k for k, v in inputs.items() if saved_inputs.get(k, v) != v]
+        changed = changed_inputs(saved_inputs, inputs)
         if changed:
             names = ", ".join(f"--{k.replace('_', '-')} {getattr(config, k)}" for k in changed)
             what = "data sets" if set(changed) <= {"pairs", "targets"} else "inputs"
@@ -93,7 +94,7 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
 
 def _inputs(config: TrainConfig) -> dict:
     """What the run reads, by content: the SHA-256 of the data files (pairs, targets) and a fingerprint of the weights
-    of the model and of a separate teacher (`_weights`). A resume must find the same contents at those paths."""
+    of the model and of a separate teacher (`weights_fingerprint`). A resume must find the same contents at those paths."""
     out = {}
     for field in ("pairs", "targets"):
         path = Path(getattr(config, field) or "")
@@ -101,33 +102,10 @@ def _inputs(config: TrainConfig) -> dict:
             out[field] = files.sha256(path)
     for field in ("model", "teacher_model"):
         if getattr(config, field):
-            weights = _weights(getattr(config, field))
+            weights = weights_fingerprint(getattr(config, field))
             if weights:
                 out[field] = weights
     return out
-
-
-def _weights(model: str) -> str | None:
-    """One fingerprint (`opct.files.fingerprint`) over the safetensors files of a model directory (or the subject's
-    it names), by file name; None when there are none to read (the loader reports that). Gigabytes of weights are
-    not hashed whole on every start and resume: a replaced or retrained model is what this catches."""
-    import hashlib
-
-    from opct.subjects import SUBJECTS, resolve
-
-    if model not in SUBJECTS and not Path(model).is_dir():
-        return None  # the loader names the problem
-    folder = Path(resolve(model)[0])
-    weights = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
-    if not weights:
-        return None
-    h = hashlib.sha256()
-    for p in weights:
-        try:
-            h.update(f"{p.name}:{files.fingerprint(p)}\n".encode())
-        except OSError as e:
-            raise OpctError(f"{p}: {files.os_problem(e)}") from None
-    return h.hexdigest()
 
 
 def truncate_metrics(path: Path, step: int) -> None:

@@ -1,0 +1,83 @@
+"""What an eval run reads, by content, so that `opct eval --resume` (and a cell of `opct run` continuing its eval)
+measures its remaining axes on what its finished ones were measured on — a model, an adapter or an items file
+replaced at the same path between the stop and the resume is refused, as train's RUN/inputs.json refuses other pairs
+or weights (the same fingerprints: `opct.resume_check`).
+
+  eval_inputs(cfg)                        {input: fingerprint}, recorded in run.json's `inputs`
+  check_inputs(out, cfg, saved, inputs)   a resume whose inputs differ from those run.json recorded is an error
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from opct.errors import OpctError
+
+
+def eval_inputs(cfg) -> dict[str, str]:
+    """What the run reads, by content, as train's RUN/inputs.json records it (`opct.resume_check`): a fingerprint of
+    the weights of the model and the adapter, the SHA-256 of the items files of the axes it runs (`items`,
+    `axis_items.AXIS`), and with lm-eval a fingerprint of the include folder and of each task given as a YAML file
+    (`lm_eval_tasks.PATH`). Recorded in run.json's `inputs`; a resume must find the same contents at those paths.
+    A path with nothing there is left out (its reader names the problem)."""
+    from opct import files
+    from opct.evals.run import suite_names
+    from opct.resume_check import folder_fingerprint, weights_fingerprint
+
+    out = {}
+    for field in ("model", "adapter"):
+        path = getattr(cfg, field)
+        if path and (field == "model" or Path(path).is_dir()) and (fp := weights_fingerprint(path)):
+            out[field] = fp
+    names = suite_names(cfg.suite)
+    data = {"items": cfg.items} if cfg.items else \
+        {f"axis_items.{a}": cfg.axis_items[a] for a in names if a in cfg.axis_items}
+    if cfg.lm_eval:
+        data.update({f"lm_eval_tasks.{t}": t for t in cfg.lm_eval_tasks if Path(t).is_file()})
+        if cfg.lm_eval_include and (fp := folder_fingerprint(cfg.lm_eval_include)):
+            out["lm_eval_include"] = fp
+    for key, path in data.items():
+        if Path(path).is_file():
+            try:
+                out[key] = files.sha256(path)
+            except OSError as e:
+                raise OpctError(f"{path}: {files.os_problem(e)}") from None
+    return out
+
+
+def _input_named(cfg, key: str) -> str:
+    """An `eval_inputs` key as the user gave it: `--adapter DIR`, `axis_items.sycophancy FILE`, ..."""
+    field, _, axis = key.partition(".")
+    if field == "axis_items":
+        return f"axis_items.{axis} {cfg.axis_items[axis]}"
+    if field == "lm_eval_tasks":
+        return f"--lm-eval-tasks {axis}"
+    return f"--{field.replace('_', '-')} {getattr(cfg, field)}"
+
+
+def check_inputs(out: Path, cfg, saved: dict, inputs: dict) -> None:
+    """Refuse to resume a run whose inputs (`eval_inputs`) hold other contents than those run.json recorded: its
+    finished axes were measured on those. A run.json written before inputs were recorded resumes unchecked, with a
+    note saying so."""
+    import sys
+
+    run_json = out / "run.json"
+    if "inputs" not in saved:
+        print(f"opct: note: {run_json} records no fingerprints of its inputs (a run started before 2026-12-06): "
+              f"the model, adapter and items its finished axes were measured on are not checked against these",
+              file=sys.stderr)
+        return
+    if not isinstance(saved["inputs"], dict):  # read as "nothing recorded", any model would continue the run
+        raise OpctError(f"{run_json}: inputs: not a record of the run's inputs (expected a JSON object); put the "
+                        f"original back, or start a new run")
+    from opct.resume_check import changed_inputs
+
+    changed = changed_inputs(saved["inputs"], inputs)
+    if changed:
+        names = ", ".join(_input_named(cfg, k) for k in changed)
+        one = len(changed) == 1
+        raise OpctError(f"{out}: cannot resume: {names} {'holds' if one else 'hold'} other contents than when the "
+                        f"run started ({'its fingerprint differs' if one else 'their fingerprints differ'} from "
+                        f"{run_json}'s inputs); its finished "
+                        f"axes were measured on the earlier contents: put the original back, or evaluate again from "
+                        f"the start (another --out, or remove {out})")
