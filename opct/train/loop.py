@@ -1,7 +1,7 @@
 """The training loop every method shares: `train(config)`.
 
-It owns what methods have in common (DESIGN §4): loading the model, LoRA or full fine-tuning, the frozen teacher,
-the data order, the accelerate set-up (one CPU process, `accelerate launch` for DDP, or DeepSpeed ZeRO-1/2:
+It owns what methods have in common (DESIGN §4): loading the model, LoRA or full fine-tuning, the frozen teacher
+(both built in opct.train.models), the data order, the accelerate set-up (one CPU process, `accelerate launch` for DDP, or DeepSpeed ZeRO-1/2:
 opct.train.sharded), clipping, the optimizer and schedule, NaN handling, atomic checkpoints with exact resume,
 metrics.jsonl, trackers and the progress bar. A method (opct/methods) only computes one step's gradients.
 
@@ -16,13 +16,12 @@ steps after them.
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 import shutil
 import sys
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -31,14 +30,16 @@ import torch
 
 from opct import cpu_matmul, files
 from opct.config import require
-from opct.errors import OpctError, first_line
+from opct.errors import OpctError
 from opct.pairs.schema import Pair, load_pairs
 from opct.policy import HFPolicy, hf_progress_bars, load_policy
 from opct.train.checkpoint import checkpoints, latest_checkpoint, resume, rng_kept, save_checkpoint, write_failed
 from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
 from opct.train import replay, sharded
-from opct.train.guards import check_lora_rank, check_vocab, lora_targets
+from opct.train.guards import check_vocab
+# student_and_teacher is imported from here by callers that predate opct.train.models
+from opct.train.models import separate_teacher, student_and_teacher
 from opct.train.rundir import prepare_run_dir, truncate_metrics
 from opct.trackers import ended, scalars, start as start_trackers, tracker_kwargs, usable
 
@@ -88,104 +89,6 @@ def step_micro_batches(pairs: list[Pair], config: TrainConfig, position: int, ra
     chunk = [pairs[_permutation(n, config.seed, i // n)[i % n]]
              for i in range(position, position + bs * config.grad_accum * world)]
     return [chunk[(m * world + rank) * bs:(m * world + rank + 1) * bs] for m in range(config.grad_accum)]
-
-
-# ------------------------------------------------------------------------------------------------ models
-
-def _disable_dropout(model) -> None:
-    # The loss is defined on the distribution the student samples from (eval mode); dropout in the training forward
-    # would train a different one. Zeroing it also lets the model stay in train mode for gradient checkpointing.
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-
-
-def config_model(model) -> str:
-    return str(getattr(getattr(model, "config", None), "_name_or_path", "") or "the model")
-
-
-def _continue_adapter(model, path):
-    """The model under the trainable LoRA adapter saved in `path` (safetensors only, checked like any model file)."""
-    from peft import PeftModel
-
-    from opct.modeldir import check_adapter
-
-    check_adapter(path)
-    try:
-        student = PeftModel.from_pretrained(model, path, is_trainable=True)
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
-        raise OpctError(f"{path}: cannot continue this adapter on {config_model(model)} ({first_line(e)})") from None
-    _disable_dropout(student)
-    return student
-
-
-def student_and_teacher(model, config: TrainConfig):
-    """Return (student, teacher) where `teacher()` is a context manager yielding the frozen starting model.
-
-    LoRA: the teacher is the same model with adapters disabled (no second copy). Full fine-tuning: a frozen deep
-    copy of the starting weights, taken in memory (never reloaded from a path).
-    """
-    _disable_dropout(model)
-    if config.lora:
-        from peft import LoraConfig, get_peft_model
-
-        if config.init_adapter:  # e.g. SFT+OPCT: continue an SFT adapter; the teacher is still the starting model
-            student = _continue_adapter(model, config.init_adapter)
-        else:
-            targets = lora_targets(model, config.lora_targets)
-            check_lora_rank(model, targets, config.lora_r)
-            student = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
-                                                       lora_dropout=config.lora_dropout, target_modules=targets,
-                                                       task_type="CAUSAL_LM"))
-
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        # What `student.disable_adapter()` does for LoRA (every tuner layer's `enable_adapters(False)`, then True),
-        # over a list of those layers taken once: peft's context manager walks the whole model and checks its adapter
-        # status on every call, which costs as much as the teacher's forward pass on a small model.
-        tuner_layers = [m for m in student.modules() if isinstance(m, BaseTunerLayer)]
-
-        @contextmanager
-        def teacher():
-            with torch.no_grad():
-                for m in tuner_layers:
-                    m.enable_adapters(False)
-                try:
-                    yield student
-                finally:
-                    for m in tuner_layers:
-                        m.enable_adapters(True)
-        return student, teacher
-
-    frozen = copy.deepcopy(model).requires_grad_(False).eval()
-
-    @contextmanager
-    def teacher():
-        with torch.no_grad():
-            yield frozen
-    return model, teacher
-
-
-def separate_teacher(policy: HFPolicy, config: TrainConfig, device):
-    """`teacher()` over another frozen model (`--teacher-model`, e.g. a backdoored teacher), loaded from its
-    save_pretrained directory; its tokenizer must be the student's (the same vocabulary, token for token), since
-    both score the same token ids."""
-    from opct.subjects import resolve
-
-    teacher_dir = config.teacher_model
-    other = load_policy(resolve(teacher_dir)[0], device=device, trust_remote_code=config.trust_remote_code,
-                        progress=config.progress)
-    if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
-        raise OpctError(f"{teacher_dir}: --teacher-model has another tokenizer than the student ({policy.name}); "
-                        f"both must score the same token ids")
-    frozen = other.model.requires_grad_(False).eval()
-    _disable_dropout(frozen)
-
-    @contextmanager
-    def teacher():
-        with torch.no_grad():
-            yield frozen
-    return teacher
 
 
 def _trackers(config: TrainConfig) -> list[str]:
