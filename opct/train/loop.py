@@ -1,9 +1,10 @@
 """The training loop every method shares: `train(config)`.
 
 It owns what methods have in common (DESIGN §4): loading the model, LoRA or full fine-tuning, the frozen teacher
-(both built in opct.train.models), the data order, the accelerate set-up (one CPU process, `accelerate launch` for DDP, or DeepSpeed ZeRO-1/2:
-opct.train.sharded), clipping, the optimizer and schedule, NaN handling, atomic checkpoints with exact resume,
-metrics.jsonl, trackers and the progress bar. A method (opct/methods) only computes one step's gradients.
+(both built in opct.train.models), the data order, the accelerate set-up (one CPU process, `accelerate launch` for
+DDP, or DeepSpeed ZeRO-1/2: opct.train.sharded), clipping, the optimizer and schedule, NaN handling, atomic
+checkpoints with exact resume, metrics.jsonl, trackers and the progress bar. A method (opct/methods) only computes one
+step's gradients.
 
 Data order: pairs are drawn from an endless stream of seeded per-epoch permutations; an optimizer step takes the
 next `batch_size * grad_accum * processes` pairs. The stream is a pure function of (seed, position), so resuming
