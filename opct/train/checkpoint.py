@@ -14,10 +14,13 @@ A checkpoint is written into `checkpoints/.tmp-step-000040` and renamed into pla
 SIGKILL) never leaves a half-written checkpoint where `--resume` would find it. Older checkpoints are deleted only
 after a newer one is in place.
 
+Only finite weights are written: `save_checkpoint` refuses weights that hold NaN or inf (the loop stops at the step
+whose update made them so), and a checkpoint is "good" (`good_checkpoint`, what an error names) only when they are.
+
 `resume` reads the newest checkpoint whole and checks it (every file against its recorded size and hash, every
-file loadable) before touching the model; a damaged one (truncated, garbled, a disk error) is moved aside to
-`checkpoints/damaged-step-...`, said so, and the next older kept checkpoint is used. With none intact it stops
-with an error naming each checkpoint and what is wrong with it.
+file loadable, every weight finite) before touching the model; a damaged one (truncated, garbled, a disk error,
+diverged weights) is moved aside to `checkpoints/damaged-step-...`, said so, and the next older kept checkpoint is
+used. With none intact it stops with an error naming each checkpoint and what is wrong with it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,41 @@ def checkpoints(run_dir) -> list[Path]:
 def latest_checkpoint(run_dir) -> Path | None:
     done = [p for p in checkpoints(run_dir) if (p / "state.json").exists()]
     return done[-1] if done else None
+
+
+def good_checkpoint(run_dir) -> Path | None:
+    """The newest complete checkpoint whose weights can be read and are all finite: the "last good checkpoint" an
+    error names (this version writes no other kind; one written before it, or damaged, is passed over)."""
+    from safetensors.torch import load_file
+
+    from opct.policy import non_finite
+
+    for path in reversed([p for p in checkpoints(run_dir) if (p / "state.json").exists()]):
+        weights = sorted(w for d in ("adapter", "model") for w in (path / d).glob("*.safetensors"))
+        try:
+            if weights and all(non_finite(load_file(w).items()) is None for w in weights):
+                return path
+        except Exception:  # noqa: BLE001 - unreadable: not good, whatever the reader raised
+            continue
+    return None
+
+
+def trained_weights(model) -> list:
+    """(name, parameter) of the weights a run changes and writes: the adapter's trainable ones under LoRA, every
+    parameter of a fully fine-tuned model."""
+    lora = hasattr(model, "peft_config")
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad or not lora]
+
+
+def check_trained_weights(model, step: int, what: str) -> None:
+    """Raise an OpctError when a weight `trained_weights` lists holds NaN or inf: `what` (a checkpoint, the final
+    model) is never written with it. (The loop stops at the update that made one so; this is the last guard.)"""
+    from opct.policy import non_finite
+
+    bad = non_finite(trained_weights(model))
+    if bad is not None:
+        raise OpctError(f"step {step}: weight {bad[0]} holds {bad[1]}: the training diverged; {what} is not written "
+                        f"with weights that are not finite. Lower --lr")
 
 
 def checkpoint_step(folder: Path) -> int | None:
@@ -119,6 +157,7 @@ def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler
     root = Path(run_dir) / "checkpoints"
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f".tmp-{PREFIX}{step:06d}"
+    check_trained_weights(accelerator.unwrap_model(model), step, f"checkpoint {final}")  # on every rank alike
     if accelerator.is_main_process:
         if tmp.exists():  # left over from a run killed while writing
             shutil.rmtree(tmp)
@@ -236,6 +275,10 @@ def _read(path: Path, accelerator) -> dict:
         out["folder"], out["weights"] = sub, {}
         for w in weights:
             out["weights"].update(load_file(w))
+        from opct.policy import non_finite
+
+        if (bad := non_finite(out["weights"].items())) is not None:  # written before finite weights were checked
+            raise _Damaged(f"{sub.name}/ weight {bad[0]} holds {bad[1]} (the run had diverged)")
         files_ = (("scheduler", "scheduler.pt"), ("rng", f"rng-{accelerator.process_index}.pt"))
         if now is None:
             files_ = (("optimizer", "optimizer.pt"), *files_)

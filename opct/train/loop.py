@@ -33,8 +33,9 @@ from opct import cpu_matmul, files
 from opct.config import require
 from opct.errors import OpctError
 from opct.pairs.schema import Pair, load_pairs
-from opct.policy import HFPolicy, hf_progress_bars, load_policy
-from opct.train.checkpoint import checkpoints, latest_checkpoint, resume, rng_kept, save_checkpoint, write_failed
+from opct.policy import HFPolicy, hf_progress_bars, load_policy, non_finite
+from opct.train.checkpoint import (check_trained_weights, checkpoints, good_checkpoint, latest_checkpoint, resume,
+                                   rng_kept, save_checkpoint, trained_weights, write_failed)
 from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
 from opct.train import replay, sharded
@@ -188,6 +189,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         sharded.configure(acc, config)
     model, optimizer = acc.prepare(model, optimizer)
     policy.model = acc.unwrap_model(model)
+    trained = [(n, p) for n, p in trained_weights(policy.model) if p.requires_grad]  # what an update changes
 
     state = {"pairs_consumed": 0, "nan_steps": 0, "consecutive_nan": 0}
     if config.resume and checkpoints(out):
@@ -240,7 +242,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
                         stats = replay.replay_backward(run, mine, len(replay_plan.rows_at(step)), sync_last=True)
                         stats.update(phase="replay", loss=stats["replay_loss"], tokens=stats["replay_tokens"])
             except OpctError as e:
-                last = latest_checkpoint(out) or "none"
+                last = good_checkpoint(out) or "none"
                 raise OpctError(f"step {step}: {e} (last good checkpoint: {last})") from None
             lr = scheduler.get_last_lr()[0]
             if deepspeed:  # the engine clips, steps, skips the update on every rank when the global norm is not finite
@@ -251,7 +253,9 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
                     math.isfinite(stats.get("replay_loss") or 0.0)
                 if finite:
                     optimizer.step()
-            if finite:
+            if finite:  # the update was taken: it must leave the weights finite (it cannot be undone)
+                if (bad := non_finite(trained)) is not None:
+                    raise _diverged(step, bad, lr, out)
                 state["consecutive_nan"] = 0
                 if sampler is not None and step < config.max_steps:  # the next step's rollouts see this update
                     sampler.push_weights(model)
@@ -273,15 +277,34 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
                          and not isinstance(v, bool) and math.isfinite(v)}, step=step)
             bar.update(1)
             bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            if state["consecutive_nan"] >= config.max_nan_steps:
-                raise OpctError(f"step {step}: loss or gradient not finite for {state['consecutive_nan']} consecutive "
-                                f"steps; stopped (last good checkpoint: {latest_checkpoint(out) or 'none'}). "
-                                f"Lower --lr or check the pairs.")
+            if state["consecutive_nan"] >= config.max_nan_steps or (state["consecutive_nan"] and step == total_steps):
+                raise _nan_stop(step, state["consecutive_nan"], config.max_nan_steps, out)
             if step % config.save_every == 0 or step == total_steps:
                 save_checkpoint(out, step, acc, model, optimizer, scheduler, state, config.keep_checkpoints)
         bar.close()
+    check_trained_weights(policy.model, total_steps, str(out / "final"))  # a last guard: the loop checked each update
     _save_final(out, acc, model, policy)
     return out
+
+
+def _diverged(step: int, bad: tuple[str, str], lr: float, out: Path) -> OpctError:
+    """The error for an update that left a weight NaN or inf (a learning rate far too large): the optimizer's step was
+    taken on a finite loss and gradient, so unlike a NaN loss it cannot be skipped; the run stops before a checkpoint
+    or final/ holds the weights."""
+    return OpctError(f"step {step}: the update made the weights non-finite (weight {bad[0]} holds {bad[1]}; the loss "
+                     f"and gradient were finite); stopped before a checkpoint or final/ holds them (last good "
+                     f"checkpoint: {good_checkpoint(out) or 'none'}). Lower --lr (this step's was {lr:g}).")
+
+
+def _nan_stop(step: int, streak: int, limit: int, out: Path) -> OpctError:
+    """The error for `streak` consecutive steps skipped for a non-finite loss or gradient: `limit` (max_nan_steps) of
+    them, or fewer at the end of the run, which would otherwise end "done" on weights whose losses had stopped being
+    finite (an update that overflowed the forward, not the weights themselves), with no step left to recover in."""
+    where = f"for {streak} consecutive steps" if streak >= limit else \
+        f"in the last {streak} step(s) of the run (each skipped; no later step shows that its weights still give " \
+        f"a finite loss)"
+    return OpctError(f"step {step}: loss or gradient not finite {where}; stopped, final/ not written (last good "
+                     f"checkpoint: {good_checkpoint(out) or 'none'}). Lower --lr or check the pairs.")
 
 
 def _save_final(out: Path, acc, model, policy: HFPolicy) -> None:

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import torch
 
 from opct.errors import OpctError, first_line
-from opct.policy import HFPolicy, load_policy
+from opct.policy import HFPolicy, check_finite_weights, load_policy
 from opct.train.config import TrainConfig
 from opct.train.guards import check_lora_rank, lora_targets
 
@@ -37,6 +37,7 @@ def _continue_adapter(model, path):
         student = PeftModel.from_pretrained(model, path, is_trainable=True)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         raise OpctError(f"{path}: cannot continue this adapter on {config_model(model)} ({first_line(e)})") from None
+    check_finite_weights(student, config_model(model), adapter=path)  # not load_policy's: it was loaded here
     _disable_dropout(student)
     return student
 
