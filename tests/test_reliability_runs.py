@@ -283,6 +283,27 @@ def test_a_resume_with_fewer_steps_than_its_checkpoint_is_refused(tmp_path, mode
     assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--resume")) == 0  # finished: as it was
 
 
+def test_a_resume_extends_max_steps_only_under_a_constant_learning_rate(tmp_path, model_dir, pairs_file, capsys):
+    """A linear or cosine schedule is a curve over max_steps, and the scheduler's state is only its step count: a run
+    of 4 steps resumed with --max-steps 8 trained at 1e-4, 7.5e-5, 5e-5, 2.5e-5, 0.0, then 3.75e-5, 2.5e-5, 1.25e-5."""
+    out = tmp_path / "run"
+    linear = ("--save-every", "1", "--lr-schedule", "linear")
+    assert main(_train_args(model_dir, pairs_file, out, *linear, "--max-steps", "2")) == 0
+    config = (out / "config.json").read_text()
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, out, *linear, "--max-steps", "4", "--resume"))
+    assert err == f"opct: error: {out}: cannot resume with --max-steps 4: the run was started with 2, and under " \
+                  f"--lr-schedule linear every step's learning rate depends on the total, so the steps after the " \
+                  f"checkpoint would follow another curve; resume with --max-steps 2, or start a new run (a run to " \
+                  f"be extended later needs --lr-schedule constant)"
+    assert (out / "config.json").read_text() == config and [r["step"] for r in metrics(out)] == [1, 2]
+    assert main(_train_args(model_dir, pairs_file, out, *linear, "--max-steps", "2", "--resume")) == 0  # as it was
+    # a constant learning rate (warmup or none: transformers' constant schedule has none) is extended as before
+    const = tmp_path / "constant"
+    assert main(_train_args(model_dir, pairs_file, const, "--save-every", "1", "--max-steps", "1")) == 0
+    assert main(_train_args(model_dir, pairs_file, const, "--max-steps", "3", "--resume")) == 0
+    assert [(r["step"], r["lr"]) for r in metrics(const)] == [(1, 1e-4), (2, 1e-4), (3, 1e-4)]
+
+
 def test_a_resume_refuses_a_model_whose_weights_changed(tmp_path, model_dir, pairs_file, capsys):
     """The model used to be compared by path only: other weights at the old path continued the run on them, silently
     (the LoRA adapter trained on one base, resumed on another)."""
