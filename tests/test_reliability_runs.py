@@ -183,20 +183,31 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one_exactly(tmp_path, m
     assert "step-000003: adapter/adapter_model.safetensors is 100 bytes" in err
 
 
+EDITED = "state.json does not match its recorded SHA-256 (edited or garbled)"
+
+
 @pytest.mark.parametrize("edit, why", [
     ({"pairs_consumed": None}, "state.json's pairs_consumed is not an integer >= 0 (got null)"),
     ({"step": -5}, "state.json's step is not an integer >= 1 (got -5)"),
     ({"nan_steps": "x"}, "state.json's nan_steps is not an integer >= 0 (got \"x\")"),
     ({"world_size": "1"}, "state.json's world_size is not an integer >= 1 (got \"1\")"),
     ({"step": 7}, "state.json's step 7 is not this checkpoint's"),
+    ({"pairs_consumed": 3}, EDITED),
+    ({"pairs_consumed": 10 ** 12}, EDITED),
+    ({"consecutive_nan": 0, "nan_steps": 1}, EDITED),
+    ({"files": {}}, "state.json's files is empty (no file's size and SHA-256 recorded)"),
+    ({"state_sha256": None}, "state.json records no state_sha256 (edited, or written by an opct before 2026-12-06)"),
 ])
 def test_a_checkpoint_whose_state_json_is_broken_is_damaged(tmp_path, model_dir, pairs_file, capsys, edit, why):
     """state.json is not in its own manifest: a missing counter stopped the resume with a KeyError traceback, and a
-    negative step re-ran steps from -4 and dropped every metrics line of the run."""
+    negative step re-ran steps from -4 and dropped every metrics line of the run. A plausible edit (pairs_consumed
+    3, or 10**12) resumed from another data position without a word, and `"files": {}` checked no file: state.json
+    now records the SHA-256 of its own content."""
     out = tmp_path / "run"
     assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
     state = out / "checkpoints" / "step-000002" / "state.json"
-    state.write_text(json.dumps({**json.loads(state.read_text()), **edit}))
+    edited = {**json.loads(state.read_text()), **edit}
+    state.write_text(json.dumps({k: v for k, v in edited.items() if v is not None or k != "state_sha256"}))
     capsys.readouterr()
     assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "3", "--save-every", "1", "--resume")) == 0
     err = capsys.readouterr().err
