@@ -390,10 +390,24 @@ def check_finite_weights(model, path, adapter=None, dtype: str = "float32") -> N
     directory for a LoRA weight) and the tensor. A diverged or damaged checkpoint failed only at its first sample
     (under `inspect eval`: a traceback per sample and exit status 0); a weight too large for a 16-bit `dtype` becomes
     inf when loaded, which the message says."""
-    for name, p in model.named_parameters():
-        if p.is_floating_point() and not bool(torch.isfinite(p).all()):
-            what = "NaN" if bool(torch.isnan(p).any()) else "inf"
-            where = adapter if adapter is not None and "lora_" in name else path
-            cast = "" if dtype == "float32" else f" (loaded as {dtype}: out of its range, or damaged)"
-            raise OpctError(f"{where}: weight {name} holds {what}{cast}; a diverged or damaged checkpoint cannot be "
-                            f"sampled from")
+    bad = non_finite(model.named_parameters())
+    if bad is not None:
+        name, what = bad
+        where = adapter if adapter is not None and "lora_" in name else path
+        cast = "" if dtype == "float32" else f" (loaded as {dtype}: out of its range, or damaged)"
+        raise OpctError(f"{where}: weight {name} holds {what}{cast}; a diverged or damaged checkpoint cannot be "
+                        f"sampled from")
+
+
+def non_finite(named) -> tuple[str, str] | None:
+    """The first (name, "NaN" or "inf") of `named`, (name, tensor) pairs, whose floating-point tensor holds a value
+    that is not finite; None when all are finite. One host sync for all of them (the training loop checks its
+    trainable weights after every update), then a search only when something is wrong."""
+    named = [(n, t) for n, t in named if t.is_floating_point()]
+    if not named:
+        return None
+    device = named[0][1].device
+    if bool(torch.stack([torch.isfinite(t).all().to(device) for _, t in named]).all()):
+        return None
+    name, t = next((n, t) for n, t in named if not bool(torch.isfinite(t).all()))
+    return name, "NaN" if bool(torch.isnan(t).any()) else "inf"

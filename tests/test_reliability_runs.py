@@ -183,20 +183,31 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one_exactly(tmp_path, m
     assert "step-000003: adapter/adapter_model.safetensors is 100 bytes" in err
 
 
+EDITED = "state.json does not match its recorded SHA-256 (edited or garbled)"
+
+
 @pytest.mark.parametrize("edit, why", [
     ({"pairs_consumed": None}, "state.json's pairs_consumed is not an integer >= 0 (got null)"),
     ({"step": -5}, "state.json's step is not an integer >= 1 (got -5)"),
     ({"nan_steps": "x"}, "state.json's nan_steps is not an integer >= 0 (got \"x\")"),
     ({"world_size": "1"}, "state.json's world_size is not an integer >= 1 (got \"1\")"),
     ({"step": 7}, "state.json's step 7 is not this checkpoint's"),
+    ({"pairs_consumed": 3}, EDITED),
+    ({"pairs_consumed": 10 ** 12}, EDITED),
+    ({"consecutive_nan": 0, "nan_steps": 1}, EDITED),
+    ({"files": {}}, "state.json's files is empty (no file's size and SHA-256 recorded)"),
+    ({"state_sha256": None}, "state.json records no state_sha256 (edited, or written by an opct before 2026-12-06)"),
 ])
 def test_a_checkpoint_whose_state_json_is_broken_is_damaged(tmp_path, model_dir, pairs_file, capsys, edit, why):
     """state.json is not in its own manifest: a missing counter stopped the resume with a KeyError traceback, and a
-    negative step re-ran steps from -4 and dropped every metrics line of the run."""
+    negative step re-ran steps from -4 and dropped every metrics line of the run. A plausible edit (pairs_consumed
+    3, or 10**12) resumed from another data position without a word, and `"files": {}` checked no file: state.json
+    now records the SHA-256 of its own content."""
     out = tmp_path / "run"
     assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
     state = out / "checkpoints" / "step-000002" / "state.json"
-    state.write_text(json.dumps({**json.loads(state.read_text()), **edit}))
+    edited = {**json.loads(state.read_text()), **edit}
+    state.write_text(json.dumps({k: v for k, v in edited.items() if v is not None or k != "state_sha256"}))
     capsys.readouterr()
     assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "3", "--save-every", "1", "--resume")) == 0
     err = capsys.readouterr().err
@@ -281,6 +292,27 @@ def test_a_resume_with_fewer_steps_than_its_checkpoint_is_refused(tmp_path, mode
                   f"(--max-steps 1); resume with --max-steps 2 or more, or start a new run"
     assert (out / "config.json").read_text() == config
     assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--resume")) == 0  # finished: as it was
+
+
+def test_a_resume_extends_max_steps_only_under_a_constant_learning_rate(tmp_path, model_dir, pairs_file, capsys):
+    """A linear or cosine schedule is a curve over max_steps, and the scheduler's state is only its step count: a run
+    of 4 steps resumed with --max-steps 8 trained at 1e-4, 7.5e-5, 5e-5, 2.5e-5, 0.0, then 3.75e-5, 2.5e-5, 1.25e-5."""
+    out = tmp_path / "run"
+    linear = ("--save-every", "1", "--lr-schedule", "linear")
+    assert main(_train_args(model_dir, pairs_file, out, *linear, "--max-steps", "2")) == 0
+    config = (out / "config.json").read_text()
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, out, *linear, "--max-steps", "4", "--resume"))
+    assert err == f"opct: error: {out}: cannot resume with --max-steps 4: the run was started with 2, and under " \
+                  f"--lr-schedule linear every step's learning rate depends on the total, so the steps after the " \
+                  f"checkpoint would follow another curve; resume with --max-steps 2, or start a new run (a run to " \
+                  f"be extended later needs --lr-schedule constant)"
+    assert (out / "config.json").read_text() == config and [r["step"] for r in metrics(out)] == [1, 2]
+    assert main(_train_args(model_dir, pairs_file, out, *linear, "--max-steps", "2", "--resume")) == 0  # as it was
+    # a constant learning rate (warmup or none: transformers' constant schedule has none) is extended as before
+    const = tmp_path / "constant"
+    assert main(_train_args(model_dir, pairs_file, const, "--save-every", "1", "--max-steps", "1")) == 0
+    assert main(_train_args(model_dir, pairs_file, const, "--max-steps", "3", "--resume")) == 0
+    assert [(r["step"], r["lr"]) for r in metrics(const)] == [(1, 1e-4), (2, 1e-4), (3, 1e-4)]
 
 
 def test_a_resume_refuses_a_model_whose_weights_changed(tmp_path, model_dir, pairs_file, capsys):

@@ -258,6 +258,51 @@ def test_nan_steps_are_skipped_counted_and_stop_the_run(tmp_path, model_dir, pai
     assert all(bool(torch.isfinite(v).all()) for v in good.values())
 
 
+def test_weights_that_are_not_finite_are_never_written_nor_resumed(tmp_path, model_dir, pairs_file, monkeypatch):
+    """At lr 1e308 the first update (on a finite loss and gradient) made the adapter NaN: the run said "done" with it
+    in final/, and with --save-every 1 wrote it as a checkpoint that its error called "last good" (a resume loaded it
+    and failed again). At BCT's lr 1e30 the adapter stayed finite (1e30) but every later loss was NaN: the skipped
+    steps, fewer than max_nan_steps, ended the run "done"."""
+    cfg = dict(model=str(model_dir), pairs=str(pairs_file), max_steps=3, save_every=1, **SMALL)
+    out = tmp_path / "huge-lr"
+    with pytest.raises(OpctError, match=r"^step 1: the update made the weights non-finite \(weight \S+lora_\S+ holds "
+                                        r"(NaN|inf); .*\(last good checkpoint: none\)\. Lower --lr \(this step's was "
+                                        r"1e\+308\)\.$"):
+        train(TrainConfig(out=str(out), lr=1e308, **cfg))
+    assert not (out / "checkpoints").exists() and not (out / "final").exists()
+
+    real = ESTIMATORS["full"]
+    calls = {"n": 0}
+
+    def nan_from_third_step(*args, **kwargs):
+        calls["n"] += 1
+        surrogate, value = real(*args, **kwargs)
+        return (surrogate * float("nan"), value * float("nan")) if calls["n"] >= 3 else (surrogate, value)
+
+    with monkeypatch.context() as m:
+        m.setitem(ESTIMATORS, "full", nan_from_third_step)
+        out = tmp_path / "nan-at-the-end"
+        with pytest.raises(OpctError, match=r"^step 3: loss or gradient not finite in the last 1 step\(s\) of the run "
+                                            r".*last good checkpoint: \S+step-000002\)"):
+            train(TrainConfig(out=str(out), lr=1e-2, max_nan_steps=3, **cfg))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-000001", "step-000002"]  # not step 3
+    assert not (out / "final").exists()
+
+    # a checkpoint written with NaN weights (as before they were checked) is damage: never resumed from
+    import opct.train.checkpoint as checkpoint
+    import opct.train.loop as loop
+
+    out = tmp_path / "written-before"
+    with monkeypatch.context() as m:
+        m.setattr(loop, "non_finite", lambda named: None)
+        for module in (loop, checkpoint):
+            m.setattr(module, "check_trained_weights", lambda *a: None)
+        train(TrainConfig(out=str(out), lr=1e308, **{**cfg, "max_steps": 1}))
+    with pytest.raises(OpctError, match=r"no intact checkpoint to resume from \(step-000001: adapter/ weight \S+ "
+                                        r"holds (NaN|inf) \(the run had diverged\)\)"):
+        train(TrainConfig(out=str(out), lr=1e308, resume=True, **{**cfg, "max_steps": 2}))
+
+
 _cli_error = tiny_lm.cli_error
 
 

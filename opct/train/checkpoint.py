@@ -7,21 +7,26 @@
                                 (opct.train.sharded); state.json then records the sharding
         scheduler.pt            lr scheduler state
         rng-<rank>.pt           python, numpy, torch (and CUDA) RNG states of each process
-        state.json              step, data position, NaN counters, world size, and the size and SHA-256 of every
-                                other file (written last)
+        state.json              step, data position, NaN counters, world size, the size and SHA-256 of every
+                                other file, and the SHA-256 of its own content (`state_sha256`; written last)
 
 A checkpoint is written into `checkpoints/.tmp-step-000040` and renamed into place once complete, so a crash (or a
 SIGKILL) never leaves a half-written checkpoint where `--resume` would find it. Older checkpoints are deleted only
 after a newer one is in place.
 
-`resume` reads the newest checkpoint whole and checks it (every file against its recorded size and hash, every
-file loadable) before touching the model; a damaged one (truncated, garbled, a disk error) is moved aside to
-`checkpoints/damaged-step-...`, said so, and the next older kept checkpoint is used. With none intact it stops
-with an error naming each checkpoint and what is wrong with it.
+Only finite weights are written: `save_checkpoint` refuses weights that hold NaN or inf (the loop stops at the step
+whose update made them so), and a checkpoint is "good" (`good_checkpoint`, what an error names) only when they are.
+
+`resume` reads the newest checkpoint whole and checks it (state.json against its own hash, every other file against
+its recorded size and hash, every file loadable, every weight finite) before touching the model; a damaged one
+(truncated, garbled, edited, a disk error, diverged weights) is moved aside to `checkpoints/damaged-step-...`, said
+so, and the next older kept checkpoint is used. With none intact it stops with an error naming each checkpoint and
+what is wrong with it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -63,6 +68,41 @@ def checkpoints(run_dir) -> list[Path]:
 def latest_checkpoint(run_dir) -> Path | None:
     done = [p for p in checkpoints(run_dir) if (p / "state.json").exists()]
     return done[-1] if done else None
+
+
+def good_checkpoint(run_dir) -> Path | None:
+    """The newest complete checkpoint whose weights can be read and are all finite: the "last good checkpoint" an
+    error names (this version writes no other kind; one written before it, or damaged, is passed over)."""
+    from safetensors.torch import load_file
+
+    from opct.policy import non_finite
+
+    for path in reversed([p for p in checkpoints(run_dir) if (p / "state.json").exists()]):
+        weights = sorted(w for d in ("adapter", "model") for w in (path / d).glob("*.safetensors"))
+        try:
+            if weights and all(non_finite(load_file(w).items()) is None for w in weights):
+                return path
+        except Exception:  # noqa: BLE001 - unreadable: not good, whatever the reader raised
+            continue
+    return None
+
+
+def trained_weights(model) -> list:
+    """(name, parameter) of the weights a run changes and writes: the adapter's trainable ones under LoRA, every
+    parameter of a fully fine-tuned model."""
+    lora = hasattr(model, "peft_config")
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad or not lora]
+
+
+def check_trained_weights(model, step: int, what: str) -> None:
+    """Raise an OpctError when a weight `trained_weights` lists holds NaN or inf: `what` (a checkpoint, the final
+    model) is never written with it. (The loop stops at the update that made one so; this is the last guard.)"""
+    from opct.policy import non_finite
+
+    bad = non_finite(trained_weights(model))
+    if bad is not None:
+        raise OpctError(f"step {step}: weight {bad[0]} holds {bad[1]}: the training diverged; {what} is not written "
+                        f"with weights that are not finite. Lower --lr")
 
 
 def checkpoint_step(folder: Path) -> int | None:
@@ -119,6 +159,7 @@ def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler
     root = Path(run_dir) / "checkpoints"
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f".tmp-{PREFIX}{step:06d}"
+    check_trained_weights(accelerator.unwrap_model(model), step, f"checkpoint {final}")  # on every rank alike
     if accelerator.is_main_process:
         if tmp.exists():  # left over from a run killed while writing
             shutil.rmtree(tmp)
@@ -140,8 +181,10 @@ def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler
         accelerator.wait_for_everyone()  # every rank's RNG file (and optimizer shard) is written
         if accelerator.is_main_process:
             extra = {"sharding": sharded.manifest(accelerator)} if sharded.is_deepspeed(accelerator) else {}
-            write_json_atomic(tmp / "state.json", {**state, **extra, "step": step,
-                                                   "world_size": accelerator.num_processes, "files": _manifest(tmp)})
+            record = {**state, **extra, "step": step, "world_size": accelerator.num_processes,
+                      "files": _manifest(tmp)}
+            record.pop(STATE_HASH, None)
+            write_json_atomic(tmp / "state.json", {**record, STATE_HASH: _state_digest(record)})
     except Exception as e:  # noqa: BLE001 - torch.save and safetensors report a full disk in their own ways
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -178,9 +221,21 @@ class _Damaged(Exception):
 STATE_COUNTERS = {"step": 1, "world_size": 1, "pairs_consumed": 0, "nan_steps": 0, "consecutive_nan": 0}
 
 
+# state.json's hash of its own content: it holds the other files' hashes, so an edit of its counters (a resume from
+# another data position) or an emptied manifest (no file checked) would otherwise pass unseen
+STATE_HASH = "state_sha256"
+
+
+def _state_digest(record: dict) -> str:
+    """SHA-256 of a state.json's content but its own hash (canonical JSON: sorted keys, no spaces)."""
+    text = json.dumps({k: v for k, v in record.items() if k != STATE_HASH}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def _state_problem(state) -> str | None:
-    """What is wrong with a checkpoint's state.json (read as JSON), or None. It is not in the manifest (it holds it),
-    so an edit or a bit flip there shows only here."""
+    """What is wrong with the shape of a checkpoint's state.json (read as JSON), or None. It is not in the manifest
+    (it holds it); its own hash (`STATE_HASH`) is checked after this, which catches any other edit, but cannot say
+    which field changed."""
     if not isinstance(state, dict):
         return "state.json is not a JSON object"
     for key, least in STATE_COUNTERS.items():
@@ -204,6 +259,17 @@ def _read(path: Path, accelerator) -> dict:
         raise _Damaged(problem)
     if path.name != f"{PREFIX}{state['step']:06d}":
         raise _Damaged(f"state.json's step {state['step']} is not this checkpoint's")
+    manifest = state.pop("files", None)
+    if not isinstance(manifest, dict) or not all(isinstance(w, dict) and isinstance(w.get("bytes"), int)
+                                                 and isinstance(w.get("sha256"), str) for w in manifest.values()):
+        raise _Damaged("state.json's files is not a manifest (file -> bytes and sha256)")
+    if not manifest:  # every checkpoint has weights, scheduler and RNG files: an empty one would check nothing
+        raise _Damaged("state.json's files is empty (no file's size and SHA-256 recorded)")
+    recorded = state.pop(STATE_HASH, None)
+    if recorded is None:
+        raise _Damaged(f"state.json records no {STATE_HASH} (edited, or written by an opct before 2026-12-06)")
+    if recorded != _state_digest({**state, "files": manifest}):
+        raise _Damaged("state.json does not match its recorded SHA-256 (edited or garbled)")
     if state["world_size"] != accelerator.num_processes:  # not damage: the user's launch differs
         raise OpctError(f"{path}: written by {state['world_size']} process(es), resumed with "
                         f"{accelerator.num_processes}; resume with the same number so data order and RNG match")
@@ -215,10 +281,6 @@ def _read(path: Path, accelerator) -> dict:
                           else f"under DeepSpeed ZeRO-{m.get('zero_stage')}")
         raise OpctError(f"{path}: written {said(state.get('sharding'))}, resumed {said(now)}; resume with the same "
                         f"launch (its optimizer state is laid out for it)")
-    manifest = state.pop("files", {})  # checkpoints from before the manifest have none
-    if not isinstance(manifest, dict) or not all(isinstance(w, dict) and isinstance(w.get("bytes"), int)
-                                                 and isinstance(w.get("sha256"), str) for w in manifest.values()):
-        raise _Damaged("state.json's files is not a manifest (file -> bytes and sha256)")
     for name, want in manifest.items():
         f = path / name
         if not f.is_file():
@@ -236,6 +298,10 @@ def _read(path: Path, accelerator) -> dict:
         out["folder"], out["weights"] = sub, {}
         for w in weights:
             out["weights"].update(load_file(w))
+        from opct.policy import non_finite
+
+        if (bad := non_finite(out["weights"].items())) is not None:  # written before finite weights were checked
+            raise _Damaged(f"{sub.name}/ weight {bad[0]} holds {bad[1]} (the run had diverged)")
         files_ = (("scheduler", "scheduler.pt"), ("rng", f"rng-{accelerator.process_index}.pt"))
         if now is None:
             files_ = (("optimizer", "optimizer.pt"), *files_)

@@ -1,9 +1,10 @@
 """The training loop every method shares: `train(config)`.
 
-It owns what methods have in common (DESIGN §4): loading the model, LoRA or full fine-tuning, the frozen teacher,
-the data order, the accelerate set-up (one CPU process, `accelerate launch` for DDP, or DeepSpeed ZeRO-1/2:
-opct.train.sharded), clipping, the optimizer and schedule, NaN handling, atomic checkpoints with exact resume,
-metrics.jsonl, trackers and the progress bar. A method (opct/methods) only computes one step's gradients.
+It owns what methods have in common (DESIGN §4): loading the model, LoRA or full fine-tuning, the frozen teacher
+(both built in opct.train.models), the data order, the accelerate set-up (one CPU process, `accelerate launch` for
+DDP, or DeepSpeed ZeRO-1/2: opct.train.sharded), clipping, the optimizer and schedule, NaN handling, atomic
+checkpoints with exact resume, metrics.jsonl, trackers and the progress bar. A method (opct/methods) only computes one
+step's gradients.
 
 Data order: pairs are drawn from an endless stream of seeded per-epoch permutations; an optimizer step takes the
 next `batch_size * grad_accum * processes` pairs. The stream is a pure function of (seed, position), so resuming
@@ -16,13 +17,12 @@ steps after them.
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 import shutil
 import sys
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict
 from functools import lru_cache
 from pathlib import Path
@@ -31,14 +31,17 @@ import torch
 
 from opct import cpu_matmul, files
 from opct.config import require
-from opct.errors import OpctError, first_line
+from opct.errors import OpctError
 from opct.pairs.schema import Pair, load_pairs
-from opct.policy import HFPolicy, hf_progress_bars, load_policy
-from opct.train.checkpoint import checkpoints, latest_checkpoint, resume, rng_kept, save_checkpoint, write_failed
+from opct.policy import HFPolicy, hf_progress_bars, load_policy, non_finite
+from opct.train.checkpoint import (check_trained_weights, checkpoints, good_checkpoint, latest_checkpoint, resume,
+                                   rng_kept, save_checkpoint, trained_weights, write_failed)
 from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
 from opct.train import replay, sharded
-from opct.train.guards import check_lora_rank, check_vocab, lora_targets
+from opct.train.guards import check_vocab
+# student_and_teacher is imported from here by callers that predate opct.train.models
+from opct.train.models import separate_teacher, student_and_teacher
 from opct.train.rundir import prepare_run_dir, truncate_metrics
 from opct.trackers import ended, scalars, start as start_trackers, tracker_kwargs, usable
 
@@ -88,104 +91,6 @@ def step_micro_batches(pairs: list[Pair], config: TrainConfig, position: int, ra
     chunk = [pairs[_permutation(n, config.seed, i // n)[i % n]]
              for i in range(position, position + bs * config.grad_accum * world)]
     return [chunk[(m * world + rank) * bs:(m * world + rank + 1) * bs] for m in range(config.grad_accum)]
-
-
-# ------------------------------------------------------------------------------------------------ models
-
-def _disable_dropout(model) -> None:
-    # The loss is defined on the distribution the student samples from (eval mode); dropout in the training forward
-    # would train a different one. Zeroing it also lets the model stay in train mode for gradient checkpointing.
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-
-
-def config_model(model) -> str:
-    return str(getattr(getattr(model, "config", None), "_name_or_path", "") or "the model")
-
-
-def _continue_adapter(model, path):
-    """The model under the trainable LoRA adapter saved in `path` (safetensors only, checked like any model file)."""
-    from peft import PeftModel
-
-    from opct.modeldir import check_adapter
-
-    check_adapter(path)
-    try:
-        student = PeftModel.from_pretrained(model, path, is_trainable=True)
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
-        raise OpctError(f"{path}: cannot continue this adapter on {config_model(model)} ({first_line(e)})") from None
-    _disable_dropout(student)
-    return student
-
-
-def student_and_teacher(model, config: TrainConfig):
-    """Return (student, teacher) where `teacher()` is a context manager yielding the frozen starting model.
-
-    LoRA: the teacher is the same model with adapters disabled (no second copy). Full fine-tuning: a frozen deep
-    copy of the starting weights, taken in memory (never reloaded from a path).
-    """
-    _disable_dropout(model)
-    if config.lora:
-        from peft import LoraConfig, get_peft_model
-
-        if config.init_adapter:  # e.g. SFT+OPCT: continue an SFT adapter; the teacher is still the starting model
-            student = _continue_adapter(model, config.init_adapter)
-        else:
-            targets = lora_targets(model, config.lora_targets)
-            check_lora_rank(model, targets, config.lora_r)
-            student = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
-                                                       lora_dropout=config.lora_dropout, target_modules=targets,
-                                                       task_type="CAUSAL_LM"))
-
-        from peft.tuners.tuners_utils import BaseTunerLayer
-
-        # What `student.disable_adapter()` does for LoRA (every tuner layer's `enable_adapters(False)`, then True),
-        # over a list of those layers taken once: peft's context manager walks the whole model and checks its adapter
-        # status on every call, which costs as much as the teacher's forward pass on a small model.
-        tuner_layers = [m for m in student.modules() if isinstance(m, BaseTunerLayer)]
-
-        @contextmanager
-        def teacher():
-            with torch.no_grad():
-                for m in tuner_layers:
-                    m.enable_adapters(False)
-                try:
-                    yield student
-                finally:
-                    for m in tuner_layers:
-                        m.enable_adapters(True)
-        return student, teacher
-
-    frozen = copy.deepcopy(model).requires_grad_(False).eval()
-
-    @contextmanager
-    def teacher():
-        with torch.no_grad():
-            yield frozen
-    return model, teacher
-
-
-def separate_teacher(policy: HFPolicy, config: TrainConfig, device):
-    """`teacher()` over another frozen model (`--teacher-model`, e.g. a backdoored teacher), loaded from its
-    save_pretrained directory; its tokenizer must be the student's (the same vocabulary, token for token), since
-    both score the same token ids."""
-    from opct.subjects import resolve
-
-    teacher_dir = config.teacher_model
-    other = load_policy(resolve(teacher_dir)[0], device=device, trust_remote_code=config.trust_remote_code,
-                        progress=config.progress)
-    if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
-        raise OpctError(f"{teacher_dir}: --teacher-model has another tokenizer than the student ({policy.name}); "
-                        f"both must score the same token ids")
-    frozen = other.model.requires_grad_(False).eval()
-    _disable_dropout(frozen)
-
-    @contextmanager
-    def teacher():
-        with torch.no_grad():
-            yield frozen
-    return teacher
 
 
 def _trackers(config: TrainConfig) -> list[str]:
@@ -284,6 +189,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         sharded.configure(acc, config)
     model, optimizer = acc.prepare(model, optimizer)
     policy.model = acc.unwrap_model(model)
+    trained = [(n, p) for n, p in trained_weights(policy.model) if p.requires_grad]  # what an update changes
 
     state = {"pairs_consumed": 0, "nan_steps": 0, "consecutive_nan": 0}
     if config.resume and checkpoints(out):
@@ -336,7 +242,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
                         stats = replay.replay_backward(run, mine, len(replay_plan.rows_at(step)), sync_last=True)
                         stats.update(phase="replay", loss=stats["replay_loss"], tokens=stats["replay_tokens"])
             except OpctError as e:
-                last = latest_checkpoint(out) or "none"
+                last = good_checkpoint(out) or "none"
                 raise OpctError(f"step {step}: {e} (last good checkpoint: {last})") from None
             lr = scheduler.get_last_lr()[0]
             if deepspeed:  # the engine clips, steps, skips the update on every rank when the global norm is not finite
@@ -347,7 +253,9 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
                     math.isfinite(stats.get("replay_loss") or 0.0)
                 if finite:
                     optimizer.step()
-            if finite:
+            if finite:  # the update was taken: it must leave the weights finite (it cannot be undone)
+                if (bad := non_finite(trained)) is not None:
+                    raise _diverged(step, bad, lr, out)
                 state["consecutive_nan"] = 0
                 if sampler is not None and step < config.max_steps:  # the next step's rollouts see this update
                     sampler.push_weights(model)
@@ -369,15 +277,34 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
                          and not isinstance(v, bool) and math.isfinite(v)}, step=step)
             bar.update(1)
             bar.set_postfix(loss=f"{stats['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            if state["consecutive_nan"] >= config.max_nan_steps:
-                raise OpctError(f"step {step}: loss or gradient not finite for {state['consecutive_nan']} consecutive "
-                                f"steps; stopped (last good checkpoint: {latest_checkpoint(out) or 'none'}). "
-                                f"Lower --lr or check the pairs.")
+            if state["consecutive_nan"] >= config.max_nan_steps or (state["consecutive_nan"] and step == total_steps):
+                raise _nan_stop(step, state["consecutive_nan"], config.max_nan_steps, out)
             if step % config.save_every == 0 or step == total_steps:
                 save_checkpoint(out, step, acc, model, optimizer, scheduler, state, config.keep_checkpoints)
         bar.close()
+    check_trained_weights(policy.model, total_steps, str(out / "final"))  # a last guard: the loop checked each update
     _save_final(out, acc, model, policy)
     return out
+
+
+def _diverged(step: int, bad: tuple[str, str], lr: float, out: Path) -> OpctError:
+    """The error for an update that left a weight NaN or inf (a learning rate far too large): the optimizer's step was
+    taken on a finite loss and gradient, so unlike a NaN loss it cannot be skipped; the run stops before a checkpoint
+    or final/ holds the weights."""
+    return OpctError(f"step {step}: the update made the weights non-finite (weight {bad[0]} holds {bad[1]}; the loss "
+                     f"and gradient were finite); stopped before a checkpoint or final/ holds them (last good "
+                     f"checkpoint: {good_checkpoint(out) or 'none'}). Lower --lr (this step's was {lr:g}).")
+
+
+def _nan_stop(step: int, streak: int, limit: int, out: Path) -> OpctError:
+    """The error for `streak` consecutive steps skipped for a non-finite loss or gradient: `limit` (max_nan_steps) of
+    them, or fewer at the end of the run, which would otherwise end "done" on weights whose losses had stopped being
+    finite (an update that overflowed the forward, not the weights themselves), with no step left to recover in."""
+    where = f"for {streak} consecutive steps" if streak >= limit else \
+        f"in the last {streak} step(s) of the run (each skipped; no later step shows that its weights still give " \
+        f"a finite loss)"
+    return OpctError(f"step {step}: loss or gradient not finite {where}; stopped, final/ not written (last good "
+                     f"checkpoint: {good_checkpoint(out) or 'none'}). Lower --lr or check the pairs.")
 
 
 def _save_final(out: Path, acc, model, policy: HFPolicy) -> None:

@@ -52,6 +52,8 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
         if diff:
             raise OpctError(f"{out}: cannot resume with a different configuration; changed: " + ", ".join(diff))
     resuming = config.resume and bool(checkpoints(out))  # a run with a checkpoint to continue from
+    if resuming and saved_path.exists():
+        _check_schedule(out, saved, config)
     latest = latest_checkpoint(out) if resuming else None
     if latest is not None:  # else "done" with the checkpoint's weights, and config.json saying fewer steps
         from opct.train import replay
@@ -90,6 +92,20 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
             shutil.rmtree(out / "tb", ignore_errors=True)
         write_json_atomic(saved_path, asdict(config))
         write_json_atomic(inputs_path, inputs)
+
+
+def _check_schedule(out: Path, saved: dict, config: TrainConfig) -> None:
+    """max_steps may change on resume, to extend a run, only under a constant learning rate: a linear or cosine
+    schedule is a curve over the run's total steps (the scheduler's state is only its step count), so a resumed run
+    would follow another curve from its checkpoint on (1e-4 decaying to 0 at step 4, then 3.75e-5 at step 6 of 8).
+    (transformers' constant schedule takes no warmup, and a warmup does not depend on the total anyway.)"""
+    old = saved.get("max_steps", config.max_steps)
+    if old != config.max_steps and config.lr_schedule != "constant":
+        raise OpctError(f"{out}: cannot resume with --max-steps {config.max_steps}: the run was started with "
+                        f"{old}, and under --lr-schedule {config.lr_schedule} every step's learning rate depends on "
+                        f"the total, so the steps after the checkpoint would follow another curve; resume with "
+                        f"--max-steps {old}, or start a new run (a run to be extended later needs --lr-schedule "
+                        f"constant)")
 
 
 def _inputs(config: TrainConfig) -> dict:
