@@ -196,7 +196,6 @@ EDITED = "state.json does not match its recorded SHA-256 (edited or garbled)"
     ({"pairs_consumed": 10 ** 12}, EDITED),
     ({"consecutive_nan": 0, "nan_steps": 1}, EDITED),
     ({"files": {}}, "state.json's files is empty (no file's size and SHA-256 recorded)"),
-    ({"state_sha256": None}, "state.json records no state_sha256 (edited, or written by an opct before 2026-12-06)"),
 ])
 def test_a_checkpoint_whose_state_json_is_broken_is_damaged(tmp_path, model_dir, pairs_file, capsys, edit, why):
     """state.json is not in its own manifest: a missing counter stopped the resume with a KeyError traceback, and a
@@ -214,6 +213,24 @@ def test_a_checkpoint_whose_state_json_is_broken_is_damaged(tmp_path, model_dir,
     assert f"checkpoint {state.parent} is damaged ({why}); moved it to damaged-step-000002 and resumed from " \
            f"step-000001 instead" in err, err
     assert [r["step"] for r in metrics(out)] == [1, 2, 3]
+
+
+def test_a_checkpoint_written_before_state_json_hashed_itself_resumes_exactly(tmp_path, model_dir, pairs_file,
+                                                                             capsys):
+    """A run started before 2026-12-06 (state.json without state_sha256) still resumes, from that checkpoint, with a
+    note, and ends as the uninterrupted run does: counting it damaged would have left every such run unresumable."""
+    full, out = tmp_path / "full", tmp_path / "run"
+    assert main(_train_args(model_dir, pairs_file, full, "--max-steps", "3", "--save-every", "1")) == 0
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
+    state = out / "checkpoints" / "step-000002" / "state.json"
+    state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "state_sha256"}))
+    capsys.readouterr()
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "3", "--save-every", "1", "--resume")) == 0
+    err = capsys.readouterr().err
+    assert f"opct: note: {state} records no state_sha256 (written by an opct before 2026-12-06)" in err, err
+    assert "damaged" not in err, err
+    assert (out / "final" / "adapter_model.safetensors").read_bytes() == \
+        (full / "final" / "adapter_model.safetensors").read_bytes()
 
 
 @pytest.mark.parametrize("how", ["a-file", "unlistable"])

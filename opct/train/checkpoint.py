@@ -266,9 +266,10 @@ def _read(path: Path, accelerator) -> dict:
     if not manifest:  # every checkpoint has weights, scheduler and RNG files: an empty one would check nothing
         raise _Damaged("state.json's files is empty (no file's size and SHA-256 recorded)")
     recorded = state.pop(STATE_HASH, None)
-    if recorded is None:
-        raise _Damaged(f"state.json records no {STATE_HASH} (edited, or written by an opct before 2026-12-06)")
-    if recorded != _state_digest({**state, "files": manifest}):
+    if recorded is None:  # written before state.json hashed itself: a run started then still resumes
+        print(f"opct: note: {path / 'state.json'} records no {STATE_HASH} (written by an opct before 2026-12-06): "
+              f"its counters are taken as they are; its other files are checked", file=sys.stderr)
+    elif recorded != _state_digest({**state, "files": manifest}):
         raise _Damaged("state.json does not match its recorded SHA-256 (edited or garbled)")
     if state["world_size"] != accelerator.num_processes:  # not damage: the user's launch differs
         raise OpctError(f"{path}: written by {state['world_size']} process(es), resumed with "
