@@ -574,3 +574,19 @@ def test_resuming_trims_metrics_and_says_when_lines_other_than_a_torn_last_one_a
     assert path.read_text() == row(1) + "\n" + row(2) + "\n"
     err = capsys.readouterr().err
     assert f"{path}: dropped 2 unreadable line(s) (line 2, 4)" in err and "those steps have no metrics" in err
+
+
+def test_an_init_adapter_missing_tensors_is_refused_before_training(tmp_path, model_dir, pairs_file, capsys):
+    """`--init-adapter` whose adapter_model.safetensors lacks some of its configuration's tensors: peft left them at
+    their initial values with a warning and training went on from half an adapter; now one error naming the file."""
+    from safetensors.torch import load_file, save_file
+
+    first = tmp_path / "first"
+    assert main(_train_args(model_dir, pairs_file, first, "--max-steps", "1")) == 0
+    weights = first / "final" / "adapter_model.safetensors"
+    save_file({k: v for k, v in load_file(weights).items() if ".layers.0." not in k}, weights)
+    capsys.readouterr()
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, tmp_path / "second", "--max-steps", "1",
+                                        "--init-adapter", str(first / "final")))
+    assert err.startswith(f"opct: error: {weights}: does not match its adapter_config.json on this model: "), err
+    assert "tensor(s) missing" in err and not (tmp_path / "second" / "final").exists()

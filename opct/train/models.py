@@ -30,13 +30,14 @@ def _continue_adapter(model, path):
     """The model under the trainable LoRA adapter saved in `path` (safetensors only, checked like any model file)."""
     from peft import PeftModel
 
-    from opct.modeldir import check_adapter
+    from opct.modeldir import check_adapter, check_adapter_loaded
 
     check_adapter(path)
     try:
         student = PeftModel.from_pretrained(model, path, is_trainable=True)
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         raise OpctError(f"{path}: cannot continue this adapter on {config_model(model)} ({first_line(e)})") from None
+    check_adapter_loaded(student, path)  # peft leaves a missing tensor at its initial value with a warning
     check_finite_weights(student, config_model(model), adapter=path)  # not load_policy's: it was loaded here
     _disable_dropout(student)
     return student
