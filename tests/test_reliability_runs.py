@@ -325,11 +325,18 @@ def test_a_resume_extends_max_steps_only_under_a_constant_learning_rate(tmp_path
                   f"be extended later needs --lr-schedule constant)"
     assert (out / "config.json").read_text() == config and [r["step"] for r in metrics(out)] == [1, 2]
     assert main(_train_args(model_dir, pairs_file, out, *linear, "--max-steps", "2", "--resume")) == 0  # as it was
-    # a constant learning rate (warmup or none: transformers' constant schedule has none) is extended as before
+    # a constant learning rate is extended as before, with a warmup too (it does not depend on the total); the warmup
+    # is taken (transformers' "constant" has none: until 2026-12-06 --warmup-steps was dropped without a word)
     const = tmp_path / "constant"
     assert main(_train_args(model_dir, pairs_file, const, "--save-every", "1", "--max-steps", "1")) == 0
     assert main(_train_args(model_dir, pairs_file, const, "--max-steps", "3", "--resume")) == 0
     assert [(r["step"], r["lr"]) for r in metrics(const)] == [(1, 1e-4), (2, 1e-4), (3, 1e-4)]
+    warm = tmp_path / "warmup"
+    assert main(_train_args(model_dir, pairs_file, warm, "--save-every", "1", "--max-steps", "2", "--warmup-steps",
+                            "4", "--lr", "0.0004")) == 0
+    assert main(_train_args(model_dir, pairs_file, warm, "--max-steps", "6", "--resume", "--warmup-steps", "4",
+                            "--lr", "0.0004")) == 0
+    assert [r["lr"] for r in metrics(warm)] == pytest.approx([0.0, 1e-4, 2e-4, 3e-4, 4e-4, 4e-4])
 
 
 def test_a_resume_refuses_a_model_whose_weights_changed(tmp_path, model_dir, pairs_file, capsys):

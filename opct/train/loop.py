@@ -183,7 +183,11 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     replay_plan = replay.plan(config, acc.num_processes)  # None without replay_frac
     total_steps = replay_plan.total_steps if replay_plan else config.max_steps
     # The scheduler is stepped by hand once per optimizer step (accelerate's wrapper would step it once per process).
-    scheduler = get_scheduler(config.lr_schedule, optimizer, num_warmup_steps=config.warmup_steps,
+    # transformers' "constant" has no warmup: with --warmup-steps it is "constant_with_warmup" (until 2026-12-06 the
+    # warmup was dropped without a word)
+    schedule = "constant_with_warmup" if config.lr_schedule == "constant" and config.warmup_steps else \
+        config.lr_schedule
+    scheduler = get_scheduler(schedule, optimizer, num_warmup_steps=config.warmup_steps,
                               num_training_steps=total_steps)
     if deepspeed:
         sharded.configure(acc, config)

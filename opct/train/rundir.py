@@ -98,7 +98,7 @@ def _check_schedule(out: Path, saved: dict, config: TrainConfig) -> None:
     """max_steps may change on resume, to extend a run, only under a constant learning rate: a linear or cosine
     schedule is a curve over the run's total steps (the scheduler's state is only its step count), so a resumed run
     would follow another curve from its checkpoint on (1e-4 decaying to 0 at step 4, then 3.75e-5 at step 6 of 8).
-    (transformers' constant schedule takes no warmup, and a warmup does not depend on the total anyway.)"""
+    (A warmup does not depend on the total: a constant schedule with one is extended too.)"""
     old = saved.get("max_steps", config.max_steps)
     if old != config.max_steps and config.lr_schedule != "constant":
         raise OpctError(f"{out}: cannot resume with --max-steps {config.max_steps}: the run was started with "
