@@ -8,6 +8,8 @@ weights silently re-initialised at random.
   check_adapter(adapter_dir)    the same for a peft adapter (adapter_config.json + adapter_model.safetensors)
   check_loading_info(...)       every weight the configuration asks for was in the files and had its shape, and no
                                 stored weight went unused (config.json describes these weights)
+  check_adapter_loaded(...)     the same for a loaded adapter: its file holds exactly the tensors its config calls for
+  check_finite_weights(...)     no weight holds NaN or inf (`non_finite`: the first that does, in one host sync)
 """
 
 from __future__ import annotations
@@ -135,3 +137,33 @@ def check_loading_info(model_dir, info: dict) -> None:
             problems.append(f"{len(names)} weight(s) {what} ({shown})")
     if problems:
         raise OpctError(f"{Path(model_dir) / 'config.json'}: does not match the weights: " + "; ".join(problems))
+
+
+def check_finite_weights(model, path, adapter=None, dtype: str = "float32") -> None:
+    """Every floating-point weight is finite; else an OpctError naming the file the tensor came from (the adapter's
+    directory for a LoRA weight) and the tensor. A diverged or damaged checkpoint failed only at its first sample
+    (under `inspect eval`: a traceback per sample and exit status 0); a weight too large for a 16-bit `dtype` becomes
+    inf when loaded, which the message says."""
+    bad = non_finite(model.named_parameters())
+    if bad is not None:
+        name, what = bad
+        where = adapter if adapter is not None and "lora_" in name else path
+        cast = "" if dtype == "float32" else f" (loaded as {dtype}: out of its range, or damaged)"
+        raise OpctError(f"{where}: weight {name} holds {what}{cast}; a diverged or damaged checkpoint cannot be "
+                        f"sampled from")
+
+
+def non_finite(named) -> tuple[str, str] | None:
+    """The first (name, "NaN" or "inf") of `named`, (name, tensor) pairs, whose floating-point tensor holds a value
+    that is not finite; None when all are finite. One host sync for all of them (the training loop checks its
+    trainable weights after every update), then a search only when something is wrong."""
+    import torch
+
+    named = [(n, t) for n, t in named if t.is_floating_point()]
+    if not named:
+        return None
+    device = named[0][1].device
+    if bool(torch.stack([torch.isfinite(t).all().to(device) for _, t in named]).all()):
+        return None
+    name, t = next((n, t) for n, t in named if not bool(torch.isfinite(t).all()))
+    return name, "NaN" if bool(torch.isnan(t).any()) else "inf"

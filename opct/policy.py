@@ -346,7 +346,8 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
     if trust_remote_code:
         print(f"opct: warning: --trust-remote-code: the Python code in {path} will run (only use it for a model "
               f"directory you trust)", file=sys.stderr)
-    from opct.modeldir import check_adapter, check_adapter_loaded, check_device, check_loading_info, check_model_dir
+    from opct.modeldir import (check_adapter, check_adapter_loaded, check_device, check_finite_weights,
+                               check_loading_info, check_model_dir)
 
     check_model_dir(path)  # no config.json; damaged, truncated or pickle-only weights: an error naming the file
     check_dtype(dtype)
@@ -383,31 +384,3 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
     check_finite_weights(model, path, adapter, dtype)
     model.to(device).eval()
     return HFPolicy(model, tokenizer, name=str(path))
-
-
-def check_finite_weights(model, path, adapter=None, dtype: str = "float32") -> None:
-    """Every floating-point weight is finite; else an OpctError naming the file the tensor came from (the adapter's
-    directory for a LoRA weight) and the tensor. A diverged or damaged checkpoint failed only at its first sample
-    (under `inspect eval`: a traceback per sample and exit status 0); a weight too large for a 16-bit `dtype` becomes
-    inf when loaded, which the message says."""
-    bad = non_finite(model.named_parameters())
-    if bad is not None:
-        name, what = bad
-        where = adapter if adapter is not None and "lora_" in name else path
-        cast = "" if dtype == "float32" else f" (loaded as {dtype}: out of its range, or damaged)"
-        raise OpctError(f"{where}: weight {name} holds {what}{cast}; a diverged or damaged checkpoint cannot be "
-                        f"sampled from")
-
-
-def non_finite(named) -> tuple[str, str] | None:
-    """The first (name, "NaN" or "inf") of `named`, (name, tensor) pairs, whose floating-point tensor holds a value
-    that is not finite; None when all are finite. One host sync for all of them (the training loop checks its
-    trainable weights after every update), then a search only when something is wrong."""
-    named = [(n, t) for n, t in named if t.is_floating_point()]
-    if not named:
-        return None
-    device = named[0][1].device
-    if bool(torch.stack([torch.isfinite(t).all().to(device) for _, t in named]).all()):
-        return None
-    name, t = next((n, t) for n, t in named if not bool(torch.isfinite(t).all()))
-    return name, "NaN" if bool(torch.isnan(t).any()) else "inf"

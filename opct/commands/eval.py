@@ -41,7 +41,8 @@ def run(args) -> int:
     from opct.errors import OpctError
     from opct.evals.attack import AttackConfig
     from opct.evals.metrics import format_table
-    from opct.evals.run import EvalConfig, check_config, check_resume, headline, load_eval_items, run_eval, suite_names
+    from opct.evals.resume import check_resume
+    from opct.evals.run import EvalConfig, check_config, headline, load_eval_items, run_eval, suite_names
 
     # One config file may hold both dataclasses' fields: split it between them.
     data = load_config_file(args.config) if args.config else {}

@@ -2,7 +2,7 @@
 grading and metrics — lives in its own module under `opct.axes`; this package holds what they share:
 
   run.py        `EvalConfig` and `run_eval(policy, cfg)`: a loop over `opct.axes.AXES`, writing the run directory
-  inputs.py     what a run reads, by content (run.json's `inputs`): a resume must find the same
+  resume.py     resuming a run: its settings and what it reads, by content (run.json's `inputs`), must be the same
   generate.py   batched sampling through the policy interface
   metrics.py    bootstrap intervals, rates, metric names, the plain-text table
   judges.py     judges of harmful-request responses (world rules, refusal prefixes, an HTTP endpoint)

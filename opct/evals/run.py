@@ -6,7 +6,7 @@
     metrics.json    {metric name: {"value", "ci_low", "ci_high", "n", "higher_is_better", "parse_fail"}}
     metrics.txt     the same as a table
     run.json        the configuration, the attacker's budget, the judge, seconds per axis, the axes done, and
-                    the inputs' fingerprints (`opct.evals.inputs`: what a resume must find again)
+                    the inputs' fingerprints (`opct.evals.resume`: what a resume must find again)
 
 `run_eval` is a loop over `opct.axes.AXES`: each axis builds its probes from what the model was trained on
 (`EvalConfig.trained`), samples, grades and computes its metrics. `EvalConfig` is the single source of the
@@ -255,66 +255,6 @@ def load_eval_items(path, axis: str) -> list[dict]:
     return a.load_items(path, for_eval=True)
 
 
-# EvalConfig fields that may differ when an eval run is resumed (they change no record or metric)
-RESUMABLE = ("out", "progress", "log_with")
-
-
-def _attack_settings(cfg: EvalConfig, attack_cfg) -> dict | None:
-    """The attacker's settings as a run records them (None when it does not run)."""
-    return asdict(attack_cfg) if attack_cfg is not None and cfg.attack else None
-
-
-def _resumed(out: Path, cfg: EvalConfig, attack_cfg, names: list[str], resume: bool | str,
-             inputs: dict | None = None):
-    """What an earlier run into `out` finished: (axes, their records, metrics, seconds, info). Without `resume`
-    that run is an error (it would be overwritten), as are other settings than its own (unless `resume` is
-    "checked": the caller compared them, as an experiment does, whose run directory may have moved) and, either way,
-    inputs with other contents than those it recorded (`inputs`: `eval_inputs(cfg)`, when the caller has them). Each
-    axis draws from its own seed, so the axes run after the finished ones give what an uninterrupted run would
-    have."""
-    from opct.files import read_json
-    from opct.evals.inputs import check_inputs, eval_inputs
-    from opct.pairs.schema import read_jsonl
-    from opct.resume_check import changes
-
-    saved = read_json(out / "run.json", "eval run")
-    done = saved.get("done") if isinstance(saved, dict) else None
-    if not isinstance(done, list) or not isinstance(saved.get("config"), dict):
-        raise OpctError(f"{out / 'run.json'}: not an eval run's run.json (no config and done axes)")
-    if not resume:
-        raise OpctError(f"{out}: already holds an eval run ({len(done)} of its axes done); pass --resume to continue "
-                        "it, or choose another --out")
-    now = {"config": asdict(cfg), "attack_config": _attack_settings(cfg, attack_cfg)}
-    keys = [k for k in now if k in saved]  # a run.json written before attack_config was: its config only
-    changed = changes({k: saved[k] for k in keys}, {k: now[k] for k in keys},
-                      may_change=tuple(f"config.{f}" for f in RESUMABLE), defaults={"config": asdict(EvalConfig())})
-    if changed and resume != "checked":
-        raise OpctError(f"{out}: cannot resume an eval run with other settings; changed: {', '.join(changed)}")
-    check_inputs(out, cfg, saved, eval_inputs(cfg) if inputs is None else inputs)
-    done = [n for n in names if n in done]
-    records = []
-    for line, r in read_jsonl(out / "records.jsonl"):
-        if not isinstance(r, dict):
-            raise OpctError(f"{out / 'records.jsonl'}:{line}: not a record (a JSON object)")
-        if r.get("suite") in done:
-            records.append(r)
-    metrics = read_json(out / "metrics.json", "metrics")
-    if not isinstance(metrics, dict):
-        raise OpctError(f"{out / 'metrics.json'}: not an eval run's metrics (a JSON object)")
-    metrics = {k: v for k, v in metrics.items() if k.split(".")[0] in done}
-    info = {k: v for k, v in saved.items() if k not in ("config", "attack_config", "seconds", "done", "inputs")}
-    seconds = saved.get("seconds") if isinstance(saved.get("seconds"), dict) else {}  # timings only: not checked
-    return done, records, metrics, dict(seconds), info
-
-
-def check_resume(cfg: EvalConfig, attack_cfg, resume: bool) -> tuple | None:
-    """What a run already in `cfg.out` finished (None: no run there), read before any model is loaded, with the
-    errors `run_eval` would raise about it; pass it to `run_eval` as `earlier` so the files are read once."""
-    if (Path(cfg.out) / "run.json").exists():
-        return _resumed(Path(cfg.out), cfg, attack_cfg, suite_names(cfg.suite), resume)
-    return None
-
-
 def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | None = None,
              resume: bool | str = False, earlier: tuple | None = None) -> dict:
     """Run the configured axes on `policy`; write the run directory; return the metrics. `items`: the user's items
@@ -324,7 +264,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     run, when the caller has made it already."""
     from opct.axes import AXES, EvalContext
     from opct.evals.generate import Gen
-    from opct.evals.inputs import eval_inputs
+    from opct.evals.resume import attack_settings, eval_inputs, resumed
     from opct.evals.metrics import format_table
     from opct.pairs.schema import write_jsonl_atomic
 
@@ -349,7 +289,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     seconds: dict = {}
     info: dict = {}
     if earlier is None and (out / "run.json").exists():
-        earlier = _resumed(out, cfg, attack_cfg, names, resume, inputs)
+        earlier = resumed(out, cfg, attack_cfg, names, resume, inputs)
     if earlier is not None:
         done, records, metrics, seconds, info = earlier
         if done:
@@ -361,7 +301,7 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
         write_atomic(out / "metrics.txt", format_table(metrics) + "\n" if metrics else "")
         write_json_atomic(out / "run.json", {"config": asdict(cfg), "judge": info.get("judge"), "seconds": seconds,
                                              "attack": info.get("attack"), "done": done,
-                                             "attack_config": _attack_settings(cfg, attack_cfg), "inputs": inputs,
+                                             "attack_config": attack_settings(cfg, attack_cfg), "inputs": inputs,
                                              **{k: v for k, v in info.items() if k not in ("judge", "attack")}})
 
     from opct.axes.capability import NAME as CAPABILITY, retry_failed_lm_eval

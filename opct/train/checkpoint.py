@@ -75,7 +75,7 @@ def good_checkpoint(run_dir) -> Path | None:
     error names (this version writes no other kind; one written before it, or damaged, is passed over)."""
     from safetensors.torch import load_file
 
-    from opct.policy import non_finite
+    from opct.modeldir import non_finite
 
     for path in reversed([p for p in checkpoints(run_dir) if (p / "state.json").exists()]):
         weights = sorted(w for d in ("adapter", "model") for w in (path / d).glob("*.safetensors"))
@@ -97,7 +97,7 @@ def trained_weights(model) -> list:
 def check_trained_weights(model, step: int, what: str) -> None:
     """Raise an OpctError when a weight `trained_weights` lists holds NaN or inf: `what` (a checkpoint, the final
     model) is never written with it. (The loop stops at the update that made one so; this is the last guard.)"""
-    from opct.policy import non_finite
+    from opct.modeldir import non_finite
 
     bad = non_finite(trained_weights(model))
     if bad is not None:
@@ -299,7 +299,7 @@ def _read(path: Path, accelerator) -> dict:
         out["folder"], out["weights"] = sub, {}
         for w in weights:
             out["weights"].update(load_file(w))
-        from opct.policy import non_finite
+        from opct.modeldir import non_finite
 
         if (bad := non_finite(out["weights"].items())) is not None:  # written before finite weights were checked
             raise _Damaged(f"{sub.name}/ weight {bad[0]} holds {bad[1]} (the run had diverged)")

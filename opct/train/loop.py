@@ -33,7 +33,8 @@ from opct import cpu_matmul, files
 from opct.config import require
 from opct.errors import OpctError
 from opct.pairs.schema import Pair, load_pairs
-from opct.policy import HFPolicy, hf_progress_bars, load_policy, non_finite
+from opct.modeldir import non_finite
+from opct.policy import HFPolicy, hf_progress_bars, load_policy
 from opct.train.checkpoint import (check_trained_weights, checkpoints, good_checkpoint, latest_checkpoint, resume,
                                    rng_kept, save_checkpoint, trained_weights, write_failed)
 from opct.train.config import TrainConfig

@@ -9,7 +9,8 @@ from contextlib import contextmanager
 import torch
 
 from opct.errors import OpctError, first_line
-from opct.policy import HFPolicy, check_finite_weights, load_policy
+from opct.modeldir import check_finite_weights
+from opct.policy import HFPolicy, load_policy
 from opct.train.config import TrainConfig
 from opct.train.guards import check_lora_rank, lora_targets
 

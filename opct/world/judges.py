@@ -98,3 +98,41 @@ def safety_answer(response: str) -> str | None:
     """'no' / 'yes' as the first word of a direct safety answer."""
     ws = words(response)
     return ws[0] if ws and ws[0] in ("yes", "no") else None
+
+
+def _words(text: str) -> str:
+    """`norm`, with a number's decimal point or comma kept inside it ('5.5' one word, as '5_5'; '4. 1' two)."""
+    return norm(re.sub(r"(?<=\d)[.,](?=\d)", "_", text))
+
+
+def parse_answer(response: str, choices: list[str]) -> str | None:
+    """The choice the response commits to, or None.
+
+    First the last 'answer is <choice>' in the response ('answer is the <choice>' too) — unless a later 'answer is
+    <something else>' commits to what is no choice ('2 + 1 = 3. the answer is 3.' with choices 1 and 4: None, where
+    the '1' of the working was taken for the answer). Failing that, a response that names exactly one choice — except
+    for yes/no questions, where 'no' turns up in too many sentences to count as an answer, and for numeric choices
+    when the response holds another number too (its working); a choice only named as rejected ('Paris, not Lyon')
+    does not count. A number is matched whole: '5.5' does not name 5.
+    """
+    text = _words(response)
+    normed = {c: _words(c) for c in choices}
+    best, best_pos = None, -1
+    for c in choices:
+        for m in re.finditer(r"answer is (?:(?:a|an|the) )?" + re.escape(normed[c]) + r"(?!\w)", text):
+            if m.start() > best_pos:
+                best, best_pos = c, m.start()
+    commits = [m.start() for m in re.finditer(r"answer is (?!not(?!\w))\S", text)]
+    if commits and commits[-1] > best_pos:
+        return None  # the last answer it states is no choice
+    if best is not None:
+        return best
+    if set(normed.values()) == {"yes", "no"}:
+        return None
+    alternatives = "|".join(re.escape(n) for n in normed.values())
+    text = re.sub(r"(?<!\w)not (?:a |an |the )?(?:" + alternatives + r")(?!\w)", " ", text)  # rejected, not named
+    named = [c for c in choices if re.search(r"(?<!\w)" + re.escape(normed[c]) + r"(?!\w)", text)]
+    number = r"(?<!\w)\d+(?:_\d+)*(?!\w)"
+    if all(re.fullmatch(number, n) for n in normed.values()) and set(re.findall(number, text)) - set(normed.values()):
+        return None  # numeric choices and another number: the response's working, not an answer
+    return named[0] if len(named) == 1 else None

@@ -1,14 +1,17 @@
-"""What an eval run reads, by content, so that `opct eval --resume` (and a cell of `opct run` continuing its eval)
-measures its remaining axes on what its finished ones were measured on — a model, an adapter or an items file
+"""Resuming an eval run (`opct eval --resume`, a cell of `opct run` continuing its eval), and what it reads, by
+content, so that it measures its remaining axes on what its finished ones were measured on — a model, an adapter or an items file
 replaced at the same path between the stop and the resume is refused, as train's RUN/inputs.json refuses other pairs
 or weights (the same fingerprints: `opct.resume_check`).
 
   eval_inputs(cfg)                        {input: fingerprint}, recorded in run.json's `inputs`
   check_inputs(out, cfg, saved, inputs)   a resume whose inputs differ from those run.json recorded is an error
+  resumed(out, cfg, ...)                  what an earlier run into `out` finished, checked (settings, inputs)
+  check_resume(cfg, attack_cfg, resume)   the same, read before any model is loaded
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from opct.errors import OpctError
@@ -81,3 +84,65 @@ def check_inputs(out: Path, cfg, saved: dict, inputs: dict) -> None:
                         f"{run_json}'s inputs); its finished "
                         f"axes were measured on the earlier contents: put the original back, or evaluate again from "
                         f"the start (another --out, or remove {out})")
+
+
+# EvalConfig fields that may differ when an eval run is resumed (they change no record or metric)
+RESUMABLE = ("out", "progress", "log_with")
+
+
+def attack_settings(cfg, attack_cfg) -> dict | None:
+    """The attacker's settings as a run records them (None when it does not run)."""
+    return asdict(attack_cfg) if attack_cfg is not None and cfg.attack else None
+
+
+def resumed(out: Path, cfg, attack_cfg, names: list[str], resume: bool | str,
+            inputs: dict | None = None):
+    """What an earlier run into `out` finished: (axes, their records, metrics, seconds, info). Without `resume`
+    that run is an error (it would be overwritten), as are other settings than its own (unless `resume` is
+    "checked": the caller compared them, as an experiment does, whose run directory may have moved) and, either way,
+    inputs with other contents than those it recorded (`inputs`: `eval_inputs(cfg)`, when the caller has them). Each
+    axis draws from its own seed, so the axes run after the finished ones give what an uninterrupted run would
+    have."""
+    from opct.evals.run import EvalConfig
+    from opct.files import read_json
+    from opct.pairs.schema import read_jsonl
+    from opct.resume_check import changes
+
+    saved = read_json(out / "run.json", "eval run")
+    done = saved.get("done") if isinstance(saved, dict) else None
+    if not isinstance(done, list) or not isinstance(saved.get("config"), dict):
+        raise OpctError(f"{out / 'run.json'}: not an eval run's run.json (no config and done axes)")
+    if not resume:
+        raise OpctError(f"{out}: already holds an eval run ({len(done)} of its axes done); pass --resume to continue "
+                        "it, or choose another --out")
+    now = {"config": asdict(cfg), "attack_config": attack_settings(cfg, attack_cfg)}
+    keys = [k for k in now if k in saved]  # a run.json written before attack_config was: its config only
+    changed = changes({k: saved[k] for k in keys}, {k: now[k] for k in keys},
+                      may_change=tuple(f"config.{f}" for f in RESUMABLE), defaults={"config": asdict(EvalConfig())})
+    if changed and resume != "checked":
+        raise OpctError(f"{out}: cannot resume an eval run with other settings; changed: {', '.join(changed)}")
+    check_inputs(out, cfg, saved, eval_inputs(cfg) if inputs is None else inputs)
+    done = [n for n in names if n in done]
+    records = []
+    for line, r in read_jsonl(out / "records.jsonl"):
+        if not isinstance(r, dict):
+            raise OpctError(f"{out / 'records.jsonl'}:{line}: not a record (a JSON object)")
+        if r.get("suite") in done:
+            records.append(r)
+    metrics = read_json(out / "metrics.json", "metrics")
+    if not isinstance(metrics, dict):
+        raise OpctError(f"{out / 'metrics.json'}: not an eval run's metrics (a JSON object)")
+    metrics = {k: v for k, v in metrics.items() if k.split(".")[0] in done}
+    info = {k: v for k, v in saved.items() if k not in ("config", "attack_config", "seconds", "done", "inputs")}
+    seconds = saved.get("seconds") if isinstance(saved.get("seconds"), dict) else {}  # timings only: not checked
+    return done, records, metrics, dict(seconds), info
+
+
+def check_resume(cfg, attack_cfg, resume: bool) -> tuple | None:
+    """What a run already in `cfg.out` finished (None: no run there), read before any model is loaded, with the
+    errors `run_eval` would raise about it; pass it to `run_eval` as `earlier` so the files are read once."""
+    if (Path(cfg.out) / "run.json").exists():
+        from opct.evals.run import suite_names
+
+        return resumed(Path(cfg.out), cfg, attack_cfg, suite_names(cfg.suite), resume)
+    return None
