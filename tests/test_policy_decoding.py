@@ -170,3 +170,21 @@ def test_an_adapter_whose_tensors_do_not_match_its_configuration_is_refused(tmp_
     (good / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "PREFIX_TUNING"}))
     with pytest.raises(OpctError, match="adapter_config.json: peft_type: opct loads LoRA adapters .*'PREFIX_TUNING'"):
         load_policy(base, adapter=str(good))
+
+
+def test_non_finite_names_the_first_bad_tensor_and_is_not_fooled_by_a_norm_that_overflows():
+    """`opct.modeldir.non_finite` (the training loop's check after every update) takes one fused pass over the
+    tensors' norms: a NaN or inf is found and named, in any dtype; finite values whose norm overflows are not."""
+    from opct.modeldir import non_finite
+
+    named = [(f"w{i}", torch.randn(4, 3)) for i in range(5)] + [("h", torch.ones(3, dtype=torch.bfloat16)),
+                                                                  ("ids", torch.arange(3))]
+    assert non_finite(named) is None
+    named[3][1][1, 2] = float("nan")
+    named[5][1][0] = float("inf")
+    assert non_finite(named) == ("w3", "NaN")
+    named[3][1][1, 2] = 0.0
+    assert non_finite(named) == ("h", "inf")
+    named[5][1][0] = 1.0
+    named[1][1][:] = 3e38  # finite, but its 2-norm is inf in float32
+    assert torch.isinf(torch.linalg.vector_norm(named[1][1])) and non_finite(named) is None
