@@ -186,8 +186,8 @@ def _lm_eval(cfg, tasks, log) -> tuple[dict, dict]:
     responses and scores go to RUN/lm_eval_samples/TASK.jsonl."""
     from pathlib import Path
 
-    from opct.evals.resume import eval_inputs
     from opct.evals.lm_eval_bridge import SAMPLES_DIR, run_lm_eval
+    from opct.evals.resume import eval_inputs
     from opct.files import read_json, write_json_atomic
 
     settings = {k: str(getattr(cfg, k)) for k in ("model", "adapter", "lm_eval_limit", "lm_eval_chat_template",
