@@ -13,8 +13,8 @@ from pathlib import Path
 
 from opct import files
 from opct.config import changes, defaults_of
-from opct.resume_check import changed_inputs, weights_fingerprint
 from opct.errors import OpctError
+from opct.resume_check import changed_inputs, weights_fingerprint
 from opct.train.checkpoint import checkpoint_step, checkpoints, latest_checkpoint, write_json_atomic
 from opct.train.config import RESUMABLE_CHANGES, TrainConfig
 
