@@ -10,6 +10,7 @@ from pathlib import Path
 from opct.axes import AXES
 from opct.errors import OpctError
 from opct.files import write_atomic as _write_atomic
+from opct.report import markdown as md
 from opct.report import mechanism, page, paper, plots, tables
 from opct.report.rundir import Run, load_run
 
@@ -73,30 +74,29 @@ def summary_text(run) -> str:
 
 def results_markdown(run: Run) -> str:
     exp = run.experiment
-    lines = [f"# Results: {exp.get('name', run.dir.name)}", ""]
-    lines += [f"- **{k}**: {v}" for k, v in _header(run)]
+    lines = [f"# Results: {md.text(exp.get('name', run.dir.name))}", "", *md.facts(_header(run))]
     if exp.get("note"):
-        lines += ["", f"> **Note:** {str(exp['note']).strip()}"]
+        lines += ["", "> **Note:**", *md.quote(exp["note"])]
     if run.missing:
-        lines += ["", *page.left_out_md("Missing", page.cells(len(run.missing)), _missing(run))]
+        lines += ["", *md.left_out("Missing", page.cells(len(run.missing)), _missing(run))]
     if run.failed:
-        lines += ["", *page.left_out_md("Failed", str(len(run.failed)), _failed(run))]
+        lines += ["", *md.left_out("Failed", str(len(run.failed)), _failed(run))]
     lines += ["", tables.interval_note(run), ""]
     for i, t in enumerate(tables.paper_tables(run), 1):
-        lines += [f"## {i}. {t.title}", "", tables.markdown(*tables.rows(run, t)), ""]
+        lines += [f"## {i}. {md.text(t.title)}", "", md.table(*tables.rows(run, t)), ""]
         if t.note:
             lines += [t.note, ""]
     lines += ["## Per group", ""]
     for t in tables.detail_tables(run):
-        lines += [f"### {t.title}", "", tables.markdown(*tables.rows(run, t)), ""]
+        lines += [f"### {md.text(t.title)}", "", md.table(*tables.rows(run, t)), ""]
         if t.note:
             lines += [t.note, ""]
     lines += ["## Paper vs opct", "", "### The OPCT paper's headline claims", "",
-              tables.markdown(*paper.claims_table(run)), "", "### Published numbers beside this run's", "",
-              tables.markdown(*paper.published_table(run)), "", paper.NOTE, ""]
+              md.table(*paper.claims_table(run)), "", "### Published numbers beside this run's", "",
+              md.table(*paper.published_table(run)), "", paper.NOTE, ""]
     header, body = paper.ablations_table(run)
     if body:
-        lines += ["### Ablations", "", tables.markdown(header, body), "", paper.ABLATION_NOTE, ""]
+        lines += ["### Ablations", "", md.table(header, body), "", paper.ABLATION_NOTE, ""]
     probe = mechanism.load(run.dir)
     if probe is not None:
         lines += ["## Mechanism", "", mechanism.markdown(probe)]
@@ -172,11 +172,11 @@ def build_report(run_dir, out_dir=None) -> tuple[Path, Path]:
     run = run_dir if isinstance(run_dir, Run) else load_run(run_dir)
     out = Path(out_dir) if out_dir else run.dir
     md_path, html_path = out / "results.md", out / "report.html"
-    md = results_markdown(run)
+    text = results_markdown(run)
     html = report_html(run)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        _write_atomic(md_path, md)
+        _write_atomic(md_path, text)
         _write_atomic(html_path, html)
     except OSError as e:
         from opct.errors import os_problem

@@ -322,12 +322,12 @@ NOTE = ("The mechanism probe (`opct mechanism RUN`): residual stream at the last
 
 
 def markdown(result: dict) -> str:
-    from opct.report.tables import markdown as md_table
+    from opct.report import markdown as md
 
     lines = []
     for title, header, rows in tables(result):
-        lines += [f"### {title}", "", md_table(header, rows), ""]
+        lines += [f"### {md.text(title)}", "", md.table(header, rows), ""]
     if result.get("skipped"):
-        lines += ["Not probed: " + "; ".join(result["skipped"]), ""]
+        lines += ["Not probed: " + md.text("; ".join(result["skipped"])), ""]
     lines += [NOTE, ""]
     return "\n".join(lines)

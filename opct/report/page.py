@@ -58,13 +58,8 @@ def cells(n: int) -> str:
     return f"{n} cell" + ("" if n == 1 else "s")
 
 
-def left_out_md(label: str, count: str, items: list[str]) -> list[str]:
-    """Markdown lines naming what a report's numbers leave out (`label`: Missing, Failed; `count`: "3 cells")."""
-    return [f"**{label} ({count}, not in the numbers below):**", "", *[f"- {m}" for m in items]]
-
-
 def left_out_html(label: str, count: str, items: list[str]) -> str:
-    """`left_out_md` as report.html shows it."""
+    """What a report's numbers leave out, as report.html shows it (`opct.report.markdown.left_out` in results.md)."""
     return f'<div class="missing"><b>{label} ({count}, not in the numbers below):</b>' + bullet_list(items) + "</div>"
 
 

@@ -118,17 +118,6 @@ def transposed(run, table: Table) -> tuple[list[str], list[list[str]]]:
 
 # ------------------------------------------------------------------------------------------------ text
 
-def _md_escape(s: str) -> str:
-    return str(s).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
-
-
-def markdown(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(_md_escape(h) for h in header) + " |",
-             "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
-    lines += ["| " + " | ".join(_md_escape(c) for c in r) + " |" for r in body]
-    return "\n".join(lines)
-
-
 def plain(header: list[str], body: list[list[str]]) -> str:
     """A fixed-width table for a terminal."""
     widths = [max(len(str(r[i])) for r in [header] + body) for i in range(len(header))]

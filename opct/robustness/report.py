@@ -9,7 +9,7 @@ import datetime as _dt
 from pathlib import Path
 
 from opct.files import read_json, write_atomic
-from opct.report import page
+from opct.report import markdown, page
 from opct.report.aggregate import num
 from opct.robustness.runner import load_rows
 
@@ -130,17 +130,17 @@ def build(root) -> tuple[Path, Path]:
     data = read_json(root / "robustness.json", "robustness results")
     settings, rows, seconds = load_rows(root)  # each finished cell's rows.json, read once and checked
     agg, seeds = data["rows"], len(settings.get("seeds", []))
-    md = [f"# Robustness: {settings.get('name', root.name)}", "",
-          f"- **model**: {settings.get('model')} ({settings.get('model_dir')})",
-          f"- **seeds**: {', '.join(map(str, settings.get('seeds', [])))}",
-          f"- **studies**: {', '.join(settings.get('studies', {}))}" + (" (quick sizes)" if settings.get("quick")
-                                                                         else ""), ""]
+    md = [f"# Robustness: {markdown.text(settings.get('name', root.name))}", "", *markdown.facts([
+          ("model", f"{settings.get('model')} ({settings.get('model_dir')})"),
+          ("seeds", ", ".join(map(str, settings.get("seeds", [])))),
+          ("studies", ", ".join(settings.get("studies", {})) + (" (quick sizes)" if settings.get("quick") else ""))]),
+          ""]
     if settings.get("note"):
-        md += [f"> {settings['note']}", ""]
+        md += [*markdown.quote(settings["note"]), ""]
     missing = [f"{name} seed {seed}: not finished (no rows.json)" for name in settings.get("studies", {})
                for seed in settings.get("seeds", []) if seed not in rows.get(name, {})]
     if missing:  # a killed or running run
-        md += [*page.left_out_md("Missing", page.cells(len(missing)), missing), ""]
+        md += [*markdown.left_out("Missing", page.cells(len(missing)), missing), ""]
     md += [NOTE, ""]
     html_secs = [("", [f"<h1>{page.escape('Robustness: ' + str(settings.get('name', root.name)))}</h1>",
                        page.para("written " + _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -150,22 +150,16 @@ def build(root) -> tuple[Path, Path]:
                   + ([page.left_out_html("Missing", str(len(missing)), missing)] if missing else [])
                   + [page.para(NOTE, "small")])]
     for i, (title, header, body) in enumerate(tables(agg, seeds), 1):
-        md += [f"## {i}. {title}", "", _markdown(header, body), ""]
+        md += [f"## {i}. {markdown.text(title)}", "", markdown.table(header, body), ""]
         html_secs.append((title, [page.table_html(header, body)]))
     for study, axis in dict.fromkeys((r["study"], r["axis"]) for r in agg):
         png = curves_png(agg, study, axis)
         if png is not None:
             html_secs.append((f"{study}: {axis} — curves", [page.img_html(png, f"{study} {axis} curves")]))
     times = _times(settings, seconds)
-    md += ["## Cells", "", _markdown(["study", "seed", "seconds"], times), ""]
+    md += ["## Cells", "", markdown.table(["study", "seed", "seconds"], times), ""]
     html_secs.append(("Cells", [page.table_html(["study", "seed", "seconds"], times)]))
     md_path, html_path = root / "results.md", root / "report.html"
     write_atomic(md_path, "\n".join(md).rstrip() + "\n")
     write_atomic(html_path, page.page(f"opct robustness: {settings.get('name')}", html_secs))
     return html_path, md_path
-
-
-def _markdown(header, body) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in body]
-    return "\n".join(lines)

@@ -10,7 +10,7 @@ import html
 from pathlib import Path
 
 from opct.files import read_json, write_atomic
-from opct.report import page
+from opct.report import markdown, page
 from opct.report.aggregate import num
 
 NOTE = ("Each cell: the change against the sample-matched benign-SFT control of the same seed (method − control; "
@@ -123,12 +123,6 @@ def heatmap_html(m: dict) -> str:
             f'<tbody>{"".join(trs)}</tbody></table>' + legend)
 
 
-def _markdown(header, body) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in body]
-    return "\n".join(lines)
-
-
 def build(root) -> tuple[Path, Path]:
     root = Path(root)
     m = read_json(root / "cross_threat.json", "cross-threat matrix")
@@ -140,22 +134,22 @@ def build(root) -> tuple[Path, Path]:
              ("trained threats", ", ".join(s.get("threats", []))), ("methods", ", ".join(s.get("methods", []))),
              ("training", f"{train.get('max_steps')} steps x {train.get('batch_size')} rows, lr {train.get('lr')}"
                           + (" (quick sizes)" if s.get("quick") else ""))]
-    md = [f"# Cross-threat matrix: {name}", ""] + [f"- **{k}**: {v}" for k, v in facts] + [""]
+    md = [f"# Cross-threat matrix: {markdown.text(name)}", "", *markdown.facts(facts), ""]
     if s.get("note"):
-        md += [f"> {s['note']}", ""]
+        md += [*markdown.quote(s["note"]), ""]
     missing = m.get("missing") or []
     if missing:
-        md += [*page.left_out_md("Missing", page.cells(len(missing)), missing), ""]
+        md += [*markdown.left_out("Missing", page.cells(len(missing)), missing), ""]
     md += [NOTE, ""]
     header, body = table(m)
-    md += ["## Change against the benign-SFT control", "", _markdown(header, body), ""]
+    md += ["## Change against the benign-SFT control", "", markdown.table(header, body), ""]
     ch, cb = control_row(m)
-    md += ["## The control against the base model", "", _markdown(ch, cb), ""]
+    md += ["## The control against the base model", "", markdown.table(ch, cb), ""]
     mh, mb = means_table(m)
-    md += ["## Raw means over seeds", "", _markdown(mh, mb), ""]
+    md += ["## Raw means over seeds", "", markdown.table(mh, mb), ""]
     secs = m.get("seconds") or {}
     times = [[k, f"{sum((v or {}).values()):.0f}"] for k, v in secs.items()]
-    md += ["## Cells (seconds)", "", _markdown(["cell", "seconds"], times), ""]
+    md += ["## Cells (seconds)", "", markdown.table(["cell", "seconds"], times), ""]
     sections = [("", [f"<h1>{page.escape('Cross-threat matrix: ' + name)}</h1>",
                       page.para("written " + _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                                 "small"), page.meta_list(facts)] + ([page.para(s["note"])] if s.get("note") else [])
