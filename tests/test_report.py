@@ -411,6 +411,22 @@ def test_an_out_that_is_a_file_is_named_as_one(tmp_path, capsys, where):
     assert (tmp_path / "file").read_text() == "kept\n"
 
 
+@pytest.mark.parametrize("marker", ["experiment.json", "run.json", "study.json", "splits.json"])
+def test_an_out_that_is_another_commands_run_is_refused_before_its_report_is_replaced(tmp_path, capsys, marker):
+    """`opct report runs/a --out runs/b` replaced experiment b's results.md and report.html with a's."""
+    run = single_seed_run(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / marker).write_text("{}")
+    (other / "results.md").write_text("b's results\n")
+    assert main(["report", str(run), "--out", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"opct: error: {other}: holds ") and f"({marker})" in err and "choose another --out" in err
+    assert (other / "results.md").read_text() == "b's results\n" and not (other / "report.html").exists()
+    assert main(["report", str(run), "--out", str(run)]) == 0  # the run itself, named as --out: its own report
+    assert (run / "results.md").exists()
+
+
 # ------------------------------------------------------------------------------------------------ the HTML file
 
 def data_pngs(html):

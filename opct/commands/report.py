@@ -33,10 +33,28 @@ def _report(args) -> int:
         return _study_report(args, "robustness", write_aggregate, build)
 
     run = load_run(args.run)
+    if args.out:
+        _check_out(Path(args.run), Path(args.out))
     html, md = build_report(run, args.out)
     print(summary_text(run))
     print(f"opct report: {md} and {html}")
     return 0
+
+
+def _check_out(run, out) -> None:
+    """--out must not be another command's run directory: its own results.md and report.html would be replaced by
+    this run's (`opct report runs/a --out runs/b` overwrote experiment b's report with a's)."""
+    import os
+
+    from opct.errors import OpctError
+    from opct.files import RUN_MARKERS
+
+    if os.path.realpath(out) == os.path.realpath(run):
+        return
+    for name, (_, what) in RUN_MARKERS.items():
+        if (out / name).exists():
+            raise OpctError(f"{out}: holds {what} ({name}), whose report files --out would replace with those of "
+                            f"{run}; choose another --out")
 
 
 def _study_report(args, kind: str, aggregate, build) -> int:
