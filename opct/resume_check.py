@@ -10,6 +10,7 @@
 and "did the inputs change on resume" (a run's files, by content, where its settings hold only their paths), of
 train's RUN/inputs.json and an eval's run.json:
   weights_fingerprint(model)        one fingerprint of a model's or adapter's safetensors files
+  files_fingerprint(model)          one of its configuration, tokenizer and chat-template files (MODEL_FILES)
   folder_fingerprint(folder)        one fingerprint of every file under a folder (lm-eval task YAMLs)
   changed_inputs(saved, now)        the inputs whose recorded fingerprint differs from the one found now
 """
@@ -147,6 +148,38 @@ def weights_fingerprint(model: str) -> str | None:
         return None
     h = hashlib.sha256()
     for p in weights:
+        try:
+            h.update(f"{p.name}:{files.fingerprint(p)}\n".encode())
+        except OSError as e:
+            raise OpctError(f"{p}: {files.os_problem(e)}") from None
+    return h.hexdigest()
+
+
+# The files beside a model's or adapter's weights that change what it computes or the prompts it is given.
+MODEL_FILES = ("config.json", "generation_config.json", "adapter_config.json", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+               "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def files_fingerprint(model: str) -> str | None:
+    """One fingerprint (`opct.files.fingerprint`) over the MODEL_FILES of a model or adapter directory (or of the
+    subject's model it names), by file name: an edited chat template, tokenizer or config.json changes the prompts
+    or the model as surely as new weights. None when there are none (or no such directory: the loader says so)."""
+    import hashlib
+    from pathlib import Path
+
+    from opct import files
+    from opct.errors import OpctError
+    from opct.subjects import SUBJECTS, resolve
+
+    if model not in SUBJECTS and not Path(model).is_dir():
+        return None
+    folder = Path(resolve(model)[0])
+    found = [folder / n for n in MODEL_FILES if (folder / n).is_file()]
+    if not found:
+        return None
+    h = hashlib.sha256()
+    for p in found:
         try:
             h.update(f"{p.name}:{files.fingerprint(p)}\n".encode())
         except OSError as e:

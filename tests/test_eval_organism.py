@@ -249,7 +249,7 @@ def test_opct_eval_resume_refuses_an_items_file_whose_contents_changed(test_orga
     assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy", "jailbreak"]
 
 
-@pytest.mark.parametrize("changed", ["adapter", "model"])
+@pytest.mark.parametrize("changed", ["adapter", "model", "chat template"])
 def test_opct_eval_resume_refuses_an_adapter_or_model_whose_weights_changed(test_organism, tmp_path, monkeypatch,
                                                                             capsys, changed):
     """The adapter (or the model) directory's weights replaced between the stop and the --resume: refused before
@@ -277,13 +277,17 @@ def test_opct_eval_resume_refuses_an_adapter_or_model_whose_weights_changed(test
     before = _interrupted(out, argv, monkeypatch, capsys)
     if changed == "adapter":
         save_adapter(1)  # another adapter at the same path
-    else:  # the model's weights retrained in place (its first tensor moved)
+    elif changed == "model":  # the model's weights retrained in place (its first tensor moved)
         weights = load_file(model / "model.safetensors")
         first = sorted(weights)[0]
         weights[first] = weights[first] + 0.01
         save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    else:  # the chat template edited: other prompts from the same weights (before 2026-12-07: not noticed)
+        template = model / "chat_template.jinja"
+        template.write_text(template.read_text().replace("<|assistant|>", "<|assistant|> answer:", 1))
     capsys.readouterr()  # transformers' loading bar of save_adapter
-    named = f"--{changed} {tmp_path / changed}"
+    named = f"--{changed} {tmp_path / changed}" if changed != "chat template" else \
+        f"--model {model} (its config, tokenizer or chat template)"
     assert _refused(out, argv, capsys) == (
         f"opct: error: {out}: cannot resume: {named} holds other contents than when the run started (its fingerprint "
         f"differs from {out / 'run.json'}'s inputs); its finished axes were measured on the earlier contents: put "
@@ -297,4 +301,5 @@ def test_opct_eval_resume_refuses_an_adapter_or_model_whose_weights_changed(test
     assert (f"opct: note: {out / 'run.json'} records no fingerprints of its inputs (a run started before "
             f"2026-12-06)") in capsys.readouterr().err
     assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy", "jailbreak"]
-    assert set(json.loads((out / "run.json").read_text())["inputs"]) == {"model", "adapter"}
+    assert set(json.loads((out / "run.json").read_text())["inputs"]) == {"model", "adapter", "model.files",
+                                                                          "adapter.files"}

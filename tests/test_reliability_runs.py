@@ -357,6 +357,30 @@ def test_a_resume_refuses_a_model_whose_weights_changed(tmp_path, model_dir, pai
                             lambda: weights.write_bytes(original))
 
 
+def test_a_resume_refuses_a_model_whose_chat_template_or_config_changed(tmp_path, model_dir, pairs_file, capsys):
+    """Only the weights used to be fingerprinted: an edited chat template (other prompts), tokenizer or config.json
+    at the model's path continued the run on them, silently. A run whose inputs.json predates `model.files` resumes
+    (nothing recorded to compare)."""
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    out = tmp_path / "run"
+    assert main(_train_args(model, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
+    recorded = json.loads((out / "inputs.json").read_text())
+    assert set(recorded) == {"pairs", "model", "model.files"}
+    template = model / "chat_template.jinja"
+    original = template.read_bytes()
+    edited = original.replace(b"<|assistant|>", b"<|assistant|> answer:", 1)
+    assert edited != original
+    template.write_bytes(edited)
+    _refused_until_restored(capsys, _train_args(model, pairs_file, out),
+                            f"--model {model} (its config, tokenizer or chat template)", "inputs",
+                            lambda: template.write_bytes(original))
+    del recorded["model.files"]  # a run started before the files were recorded: compared by weights only
+    (out / "inputs.json").write_text(json.dumps(recorded))
+    template.write_bytes(edited)
+    assert main([*_train_args(model, pairs_file, out), "--max-steps", "4", "--resume"]) == 0
+
+
 def test_a_resume_without_the_runs_config_is_refused(tmp_path, model_dir, pairs_file, capsys):
     """With config.json gone, any hyperparameters used to continue the run."""
     out = tmp_path / "run"

@@ -19,19 +19,23 @@ from opct.errors import OpctError
 
 def eval_inputs(cfg) -> dict[str, str]:
     """What the run reads, by content, as train's RUN/inputs.json records it (`opct.resume_check`): a fingerprint of
-    the weights of the model and the adapter, the SHA-256 of the items files of the axes it runs (`items`,
+    the weights of the model and the adapter and of their configuration, tokenizer and chat template files
+    (`model.files`, `adapter.files`), the SHA-256 of the items files of the axes it runs (`items`,
     `axis_items.AXIS`), and with lm-eval a fingerprint of the include folder and of each task given as a YAML file
     (`lm_eval_tasks.PATH`). Recorded in run.json's `inputs`; a resume must find the same contents at those paths.
     A path with nothing there is left out (its reader names the problem)."""
     from opct import files
     from opct.evals.run import suite_names
-    from opct.resume_check import folder_fingerprint, weights_fingerprint
+    from opct.resume_check import files_fingerprint, folder_fingerprint, weights_fingerprint
 
     out = {}
     for field in ("model", "adapter"):
         path = getattr(cfg, field)
-        if path and (field == "model" or Path(path).is_dir()) and (fp := weights_fingerprint(path)):
-            out[field] = fp
+        if path and (field == "model" or Path(path).is_dir()):
+            if fp := weights_fingerprint(path):
+                out[field] = fp
+            if fp := files_fingerprint(path):  # its own key: a run.json before 2026-12-07 lacks it
+                out[f"{field}.files"] = fp
     names = suite_names(cfg.suite)
     data = {"items": cfg.items} if cfg.items else \
         {f"axis_items.{a}": cfg.axis_items[a] for a in names if a in cfg.axis_items}
@@ -55,6 +59,8 @@ def _input_named(cfg, key: str) -> str:
         return f"axis_items.{axis} {cfg.axis_items[axis]}"
     if field == "lm_eval_tasks":
         return f"--lm-eval-tasks {axis}"
+    if axis == "files":
+        return f"--{field} {getattr(cfg, field)} (its config, tokenizer or chat template)"
     return f"--{field.replace('_', '-')} {getattr(cfg, field)}"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from opct import files
 from opct.config import changes, defaults_of
 from opct.errors import OpctError
-from opct.resume_check import changed_inputs, weights_fingerprint
+from opct.resume_check import changed_inputs, files_fingerprint, weights_fingerprint
 from opct.train.checkpoint import checkpoint_step, checkpoints, latest_checkpoint, write_json_atomic
 from opct.train.config import RESUMABLE_CHANGES, TrainConfig
 
@@ -78,7 +78,7 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
                             f"original back, or start a new run")
         changed = changed_inputs(saved_inputs, inputs)
         if changed:
-            names = ", ".join(f"--{k.replace('_', '-')} {getattr(config, k)}" for k in changed)
+            names = ", ".join(_input_named(config, k) for k in changed)
             what = "data sets" if set(changed) <= {"pairs", "targets"} else "inputs"
             raise OpctError(f"{out}: cannot resume: {names} holds other contents than when the run started (its "
                             f"SHA-256 differs from {inputs_path}'s); resuming would mix two {what} in one run: put "
@@ -110,7 +110,8 @@ def _check_schedule(out: Path, saved: dict, config: TrainConfig) -> None:
 
 def _inputs(config: TrainConfig) -> dict:
     """What the run reads, by content: the SHA-256 of the data files (pairs, targets) and a fingerprint of the weights
-    of the model and of a separate teacher (`weights_fingerprint`). A resume must find the same contents at those paths."""
+    of the model and of a separate teacher (`weights_fingerprint`), and of their configuration, tokenizer and chat
+    template files (`files_fingerprint`, key `FIELD.files`). A resume must find the same contents at those paths."""
     out = {}
     for field in ("pairs", "targets"):
         path = Path(getattr(config, field) or "")
@@ -121,7 +122,17 @@ def _inputs(config: TrainConfig) -> dict:
             weights = weights_fingerprint(getattr(config, field))
             if weights:
                 out[field] = weights
+            other = files_fingerprint(getattr(config, field))  # its own key: a run before 2026-12-07 lacks it
+            if other:
+                out[f"{field}.files"] = other
     return out
+
+
+def _input_named(config: TrainConfig, key: str) -> str:
+    """An `_inputs` key as the user gave it: `--pairs FILE`, `--model DIR (its config, tokenizer or chat template)`."""
+    field, _, part = key.partition(".")
+    return f"--{field.replace('_', '-')} {getattr(config, field)}" + (
+        " (its config, tokenizer or chat template)" if part == "files" else "")
 
 
 def truncate_metrics(path: Path, step: int) -> None:
