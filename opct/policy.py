@@ -80,13 +80,19 @@ def row_uniforms(seeds: Sequence[int], steps: int) -> torch.Tensor:
 class HFPolicy:
     """A Hugging Face causal LM + tokenizer behind the policy interface."""
 
-    def __init__(self, model, tokenizer, name: str = "model", fast_sampling: bool = True):
+    def __init__(self, model, tokenizer, name: str = "model", fast_sampling: bool = True, meant_special=()):
+        """`meant_special`: special tokens whose text a message holds on purpose (the attacker's slot token, in the
+        frame its prompt quotes); any other inside a message is warned of once (`warn_special_text`)."""
         if not getattr(tokenizer, "chat_template", None):
             raise OpctError(
                 f"{name}: the tokenizer has no chat template, so chat messages cannot be rendered; set "
                 f"`tokenizer.chat_template` to a Jinja template and save it with `tokenizer.save_pretrained({name!r})` "
                 f"(or add a \"chat_template\" entry to its tokenizer_config.json)")
+        from opct.pairs.schema import special_texts
+
         self.model, self.tokenizer, self.name = model, tokenizer, name
+        self._special_texts = special_texts(tokenizer)
+        self._special_seen: set[str] = set(meant_special)  # special tokens' texts said (or meant) inside a message
         self.render([{"role": "user", "content": "?"}])  # a template that does not compile: said here, once
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -117,8 +123,9 @@ class HFPolicy:
         with the prefill's tokens after the generation prompt."""
         from jinja2 import TemplateError, TemplateSyntaxError
 
-        from opct.pairs.schema import render_ids
+        from opct.pairs.schema import render_ids, warn_special_text
 
+        warn_special_text(self.name, messages, self._special_texts, self._special_seen)
         try:
             return render_ids(self.tokenizer, messages, add_generation_prompt)
         except TemplateSyntaxError as e:

@@ -110,7 +110,7 @@ def _queries(log, request):
 
 
 @pytest.mark.parametrize("kind", ["never", "always", "developer"])
-def test_budget_is_24_queries_per_behaviour_with_early_stop(test_attacker, kind):
+def test_budget_is_24_queries_per_behaviour_with_early_stop(test_attacker, kind, capsys):
     complies = {"never": lambda t: False, "always": lambda t: True, "developer": lambda t: "developer mode" in t}[kind]
     log = []
     base = responder(complies)
@@ -135,6 +135,8 @@ def test_budget_is_24_queries_per_behaviour_with_early_stop(test_attacker, kind)
         else:
             assert r["broken"] == ("developer mode" in r["prompt"][0]["content"].lower())
             assert n == 24 or r["broken"]
+    # round 2 on quotes the last frame, slot token and all, on purpose: no warning about a special token's text
+    assert "a message holds the text" not in capsys.readouterr().err
 
 
 def test_rl_records_and_metrics_through_the_jailbreak_axis(test_attacker):

@@ -20,6 +20,7 @@ through `DataError`.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -124,6 +125,41 @@ def render_ids(tokenizer, messages: list[dict], add_generation_prompt: bool = Tr
     head = list(tokenizer.apply_chat_template(messages[:-1], tokenize=True, add_generation_prompt=True,
                                               return_dict=False))
     return head + list(tokenizer(pre, add_special_tokens=False)["input_ids"])
+
+
+def special_texts(tokenizer) -> tuple[str, ...]:
+    """The texts `tokenizer` reads as one special (control) token wherever they stand, inside a message's content
+    too (`<|im_end|>`, `<|assistant|>`): its special tokens and its added tokens marked special. Longest first."""
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    texts |= {str(t) for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+              if getattr(t, "special", False)}
+    return tuple(sorted((t for t in texts if t), key=lambda t: (-len(t), t)))
+
+
+def special_text_in(messages: list[dict], texts: tuple[str, ...]) -> tuple[str, str] | None:
+    """(the special token's text, the message content holding it) for the first message that holds one, or None."""
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            for t in texts:
+                if t in content:
+                    return t, content
+    return None
+
+
+def warn_special_text(name: str, messages: list[dict], texts: tuple[str, ...], seen: set[str]) -> None:
+    """Say on stderr, once per token (`seen`: those said), that a message holds the text of a special token of the
+    model `name`: the tokenizer reads it as that control token, as transformers' chat templates do for every model,
+    so the text can end the user's turn or open the assistant's. Red-team data may mean exactly that: a warning."""
+    found = special_text_in(messages, texts)
+    if found is None or found[0] in seen:
+        return
+    token, content = found
+    seen.add(token)
+    excerpt = content if len(content) <= 80 else content[:77] + "..."
+    print(f"opct: warning: {name}: a message holds the text {token!r}, which the tokenizer reads as its special "
+          f"token (a control token: it can end a turn or open another), not as text; first in {excerpt!r}. Remove it "
+          f"from the data unless the prompt means to forge a turn (said once per token)", file=sys.stderr)
 
 
 def validate_pair(obj, path="<pair>", line=0) -> Pair:

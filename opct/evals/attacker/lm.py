@@ -152,8 +152,9 @@ def load_attacker(path):
     """The attacker LM as an `HFPolicy` (its model trainable)."""
     from transformers import AutoTokenizer, LlamaForCausalLM
 
+    from opct.evals.attacker.frames import SLOT
     from opct.policy import HFPolicy
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = LlamaForCausalLM.from_pretrained(path, use_safetensors=True)
-    return HFPolicy(model, tokenizer, name="attacker")
+    return HFPolicy(model, tokenizer, name="attacker", meant_special=[SLOT])  # its prompts quote the frame
