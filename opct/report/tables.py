@@ -1,7 +1,7 @@
 """The report's tables, laid out like the paper's: one row per arm, one column per metric, each cell
 "value [95% CI]". The table *specs* are data (`opct.report.spec`), declared by each axis next to its metrics
-(`opct.axes`); this module loops over the axes, `rows()` fills a table from a run, and `markdown()` / the HTML page
-render the same rows, so the two files never disagree.
+(`opct.axes`); this module loops over the axes, `rows()` fills a table from a run, and `opct.report.markdown.table`
+and the HTML page render the same rows, so the two files never disagree.
 """
 
 from __future__ import annotations
