@@ -128,31 +128,43 @@ def check_extended(saved: dict, path, **shapes: str) -> None:
             raise OpctError(f"{path}: {key}: expected {want}, got {_short(saved[key])}")
 
 
+def _model_folder(model: str):
+    """The directory of a model or adapter (or of the subject's model `model` names); None when there is none (the
+    loader names the problem)."""
+    from pathlib import Path
+
+    from opct.subjects import SUBJECTS, resolve
+
+    if model not in SUBJECTS and not Path(model).is_dir():
+        return None
+    return Path(resolve(model)[0])
+
+
+def _digest(named, where=None) -> str:
+    """One SHA-256 over (name, `opct.files.fingerprint` of the file) for each (name, path) of `named`, in order; a
+    file that cannot be read is an OpctError naming it (or `where`)."""
+    import hashlib
+
+    from opct import files
+    from opct.errors import OpctError
+
+    h = hashlib.sha256()
+    for name, p in named:
+        try:
+            h.update(f"{name}:{files.fingerprint(p)}\n".encode())
+        except OSError as e:
+            raise OpctError(f"{where or p}: {files.os_problem(e)}") from None
+    return h.hexdigest()
+
+
 def weights_fingerprint(model: str) -> str | None:
     """One fingerprint (`opct.files.fingerprint`) over the safetensors files of a model or adapter directory (or of
     the subject's model it names), by file name; None when there are none to read (the loader reports that).
     Gigabytes of weights are not hashed whole on every start and resume: a replaced or retrained model is what this
     catches."""
-    import hashlib
-    from pathlib import Path
-
-    from opct import files
-    from opct.errors import OpctError
-    from opct.subjects import SUBJECTS, resolve
-
-    if model not in SUBJECTS and not Path(model).is_dir():
-        return None  # the loader names the problem
-    folder = Path(resolve(model)[0])
-    weights = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
-    if not weights:
-        return None
-    h = hashlib.sha256()
-    for p in weights:
-        try:
-            h.update(f"{p.name}:{files.fingerprint(p)}\n".encode())
-        except OSError as e:
-            raise OpctError(f"{p}: {files.os_problem(e)}") from None
-    return h.hexdigest()
+    folder = _model_folder(model)
+    weights = sorted(p for p in folder.glob("*.safetensors") if p.is_file()) if folder is not None else []
+    return _digest([(p.name, p) for p in weights]) if weights else None
 
 
 # The files beside a model's or adapter's weights that change what it computes or the prompts it is given.
@@ -165,32 +177,14 @@ def files_fingerprint(model: str) -> str | None:
     """One fingerprint (`opct.files.fingerprint`) over the MODEL_FILES of a model or adapter directory (or of the
     subject's model it names), by file name: an edited chat template, tokenizer or config.json changes the prompts
     or the model as surely as new weights. None when there are none (or no such directory: the loader says so)."""
-    import hashlib
-    from pathlib import Path
-
-    from opct import files
-    from opct.errors import OpctError
-    from opct.subjects import SUBJECTS, resolve
-
-    if model not in SUBJECTS and not Path(model).is_dir():
-        return None
-    folder = Path(resolve(model)[0])
-    found = [folder / n for n in MODEL_FILES if (folder / n).is_file()]
-    if not found:
-        return None
-    h = hashlib.sha256()
-    for p in found:
-        try:
-            h.update(f"{p.name}:{files.fingerprint(p)}\n".encode())
-        except OSError as e:
-            raise OpctError(f"{p}: {files.os_problem(e)}") from None
-    return h.hexdigest()
+    folder = _model_folder(model)
+    found = [folder / n for n in MODEL_FILES if (folder / n).is_file()] if folder is not None else []
+    return _digest([(p.name, p) for p in found]) if found else None
 
 
 def folder_fingerprint(folder) -> str | None:
     """One fingerprint (`opct.files.fingerprint`) over every file under `folder`, by relative path (a file added,
     removed, renamed or changed changes it); None when `folder` is not a folder (its reader names the problem)."""
-    import hashlib
     from pathlib import Path
 
     from opct import files
@@ -199,13 +193,11 @@ def folder_fingerprint(folder) -> str | None:
     folder = Path(folder)
     if not folder.is_dir():
         return None
-    h = hashlib.sha256()
     try:
-        for p in sorted(p for p in folder.rglob("*") if p.is_file()):
-            h.update(f"{p.relative_to(folder).as_posix()}:{files.fingerprint(p)}\n".encode())
+        found = sorted(p for p in folder.rglob("*") if p.is_file())
     except OSError as e:
         raise OpctError(f"{folder}: {files.os_problem(e)}") from None
-    return h.hexdigest()
+    return _digest([(p.relative_to(folder).as_posix(), p) for p in found], where=folder)
 
 
 def changed_inputs(saved: dict, now: dict) -> list[str]:
