@@ -14,8 +14,9 @@ A checkpoint is written into `checkpoints/.tmp-step-000040` and renamed into pla
 SIGKILL) never leaves a half-written checkpoint where `--resume` would find it. Older checkpoints are deleted only
 after a newer one is in place.
 
-Only finite weights are written: `save_checkpoint` refuses weights that hold NaN or inf (the loop stops at the step
-whose update made them so), and a checkpoint is "good" (`good_checkpoint`, what an error names) only when they are.
+Only finite weights are written: the training loop checks the weights after every update and stops at the step
+whose update made one NaN or inf, before any checkpoint holds it (the starting weights were checked when loaded, a
+resumed checkpoint's when read); a checkpoint is "good" (`good_checkpoint`, what an error names) only when they are.
 
 `resume` reads the newest checkpoint whole and checks it (state.json against its own hash, every other file against
 its recorded size and hash, every file loadable, every weight finite) before touching the model; a damaged one
@@ -87,24 +88,6 @@ def good_checkpoint(run_dir) -> Path | None:
     return None
 
 
-def trained_weights(model) -> list:
-    """(name, parameter) of the weights a run changes and writes: the adapter's trainable ones under LoRA, every
-    parameter of a fully fine-tuned model."""
-    lora = hasattr(model, "peft_config")
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad or not lora]
-
-
-def check_trained_weights(model, step: int, what: str) -> None:
-    """Raise an OpctError when a weight `trained_weights` lists holds NaN or inf: `what` (a checkpoint, the final
-    model) is never written with it. (The loop stops at the update that made one so; this is the last guard.)"""
-    from opct.modeldir import non_finite
-
-    bad = non_finite(trained_weights(model))
-    if bad is not None:
-        raise OpctError(f"step {step}: weight {bad[0]} holds {bad[1]}: the training diverged; {what} is not written "
-                        f"with weights that are not finite. Lower --lr")
-
-
 def checkpoint_step(folder: Path) -> int | None:
     """The step a checkpoint folder is named for (`step-000012` -> 12), or None for a name without one."""
     number = folder.name[len(PREFIX):]
@@ -159,7 +142,6 @@ def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler
     root = Path(run_dir) / "checkpoints"
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f".tmp-{PREFIX}{step:06d}"
-    check_trained_weights(accelerator.unwrap_model(model), step, f"checkpoint {final}")  # on every rank alike
     if accelerator.is_main_process:
         if tmp.exists():  # left over from a run killed while writing
             shutil.rmtree(tmp)

@@ -32,11 +32,11 @@ import torch
 from opct import cpu_matmul, files
 from opct.config import require
 from opct.errors import OpctError
-from opct.pairs.schema import Pair, load_pairs
 from opct.modeldir import non_finite
+from opct.pairs.schema import Pair, load_pairs
 from opct.policy import HFPolicy, hf_progress_bars, load_policy
-from opct.train.checkpoint import (check_trained_weights, checkpoints, good_checkpoint, latest_checkpoint, resume,
-                                   rng_kept, save_checkpoint, trained_weights, write_failed)
+from opct.train.checkpoint import (checkpoints, good_checkpoint, latest_checkpoint, resume, rng_kept, save_checkpoint,
+                                   write_failed)
 from opct.train.config import TrainConfig
 from opct.train.context import RenderedPair, StepContext
 from opct.train import replay, sharded
@@ -194,7 +194,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         sharded.configure(acc, config)
     model, optimizer = acc.prepare(model, optimizer)
     policy.model = acc.unwrap_model(model)
-    trained = [(n, p) for n, p in trained_weights(policy.model) if p.requires_grad]  # what an update changes
+    trained = [(n, p) for n, p in policy.model.named_parameters() if p.requires_grad]  # what an update changes
 
     state = {"pairs_consumed": 0, "nan_steps": 0, "consecutive_nan": 0}
     if config.resume and checkpoints(out):
@@ -287,7 +287,6 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
             if step % config.save_every == 0 or step == total_steps:
                 save_checkpoint(out, step, acc, model, optimizer, scheduler, state, config.keep_checkpoints)
         bar.close()
-    check_trained_weights(policy.model, total_steps, str(out / "final"))  # a last guard: the loop checked each update
     _save_final(out, acc, model, policy)
     return out
 
