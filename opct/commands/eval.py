@@ -41,7 +41,7 @@ def run(args) -> int:
     from opct.errors import OpctError
     from opct.evals.attack import AttackConfig
     from opct.evals.metrics import format_table
-    from opct.evals.resume import check_resume
+    from opct.evals.resume import check_resume, eval_inputs
     from opct.evals.run import EvalConfig, check_config, headline, load_eval_items, run_eval, suite_names
 
     # One config file may hold both dataclasses' fields: split it between them.
@@ -72,12 +72,14 @@ def run(args) -> int:
     from opct.policy import cpu_threads, load_policy
 
     with dir_lock(cfg.out, "eval run directory", kind="eval"):  # a second `opct eval` into the same --out is refused
-        earlier = check_resume(cfg, attack, args.resume)  # before the model is loaded
+        inputs = eval_inputs(cfg)  # the model's, adapter's and items' fingerprints: hashed once, checked and recorded
+        earlier = check_resume(cfg, attack, args.resume, inputs)  # before the model is loaded
         policy = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
                              trust_remote_code=cfg.trust_remote_code, progress=cfg.progress)
         # scoped: the caller's thread count is back after (a script or test evaluating in-process)
         with cpu_threads(sum(p.numel() for p in policy.model.parameters()), cfg.device, cfg.threads):
-            metrics = run_eval(policy, cfg, attack, items=items, resume=args.resume, earlier=earlier)
+            metrics = run_eval(policy, cfg, attack, items=items, resume=args.resume, earlier=earlier,
+                               inputs=inputs)
     print(format_table(metrics, headline(metrics)))
     print(f"opct eval: {len(metrics)} metrics (per family / wrapper / category / domain in {cfg.out}/metrics.txt); "
           f"records in {cfg.out}/records.jsonl")

@@ -6,7 +6,7 @@ or weights (the same fingerprints: `opct.resume_check`).
   eval_inputs(cfg)                        {input: fingerprint}, recorded in run.json's `inputs`
   check_inputs(out, cfg, saved, inputs)   a resume whose inputs differ from those run.json recorded is an error
   resumed(out, cfg, ...)                  what an earlier run into `out` finished, checked (settings, inputs)
-  check_resume(cfg, attack_cfg, resume)   the same, read before any model is loaded
+  check_resume(cfg, attack_cfg, resume)   the same, read before any model is loaded (`opct eval`)
 """
 
 from __future__ import annotations
@@ -144,11 +144,13 @@ def resumed(out: Path, cfg, attack_cfg, names: list[str], resume: bool | str,
     return done, records, metrics, dict(seconds), info
 
 
-def check_resume(cfg, attack_cfg, resume: bool) -> tuple | None:
+def check_resume(cfg, attack_cfg, resume: bool, inputs: dict | None = None) -> tuple | None:
     """What a run already in `cfg.out` finished (None: no run there), read before any model is loaded, with the
-    errors `run_eval` would raise about it; pass it to `run_eval` as `earlier` so the files are read once."""
+    errors `run_eval` would raise about it; pass it to `run_eval` as `earlier` so the files are read once.
+    `inputs`: `eval_inputs(cfg)`, when the caller has them (and passes the same to `run_eval`: the model's files
+    are then hashed once)."""
     if (Path(cfg.out) / "run.json").exists():
         from opct.evals.run import suite_names
 
-        return resumed(Path(cfg.out), cfg, attack_cfg, suite_names(cfg.suite), resume)
+        return resumed(Path(cfg.out), cfg, attack_cfg, suite_names(cfg.suite), resume, inputs)
     return None

@@ -256,12 +256,13 @@ def load_eval_items(path, axis: str) -> list[dict]:
 
 
 def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | None = None,
-             resume: bool | str = False, earlier: tuple | None = None) -> dict:
+             resume: bool | str = False, earlier: tuple | None = None, inputs: dict | None = None) -> dict:
     """Run the configured axes on `policy`; write the run directory; return the metrics. `items`: the user's items
     of `cfg.items`, when the caller has loaded them already. `resume`: continue the run `cfg.out` holds (its
     finished axes are kept, the others run); without it a run already there is an error; "checked": continue it
     without comparing its settings (the caller did: `opct run`'s cells). `earlier`: `check_resume`'s reading of that
-    run, when the caller has made it already."""
+    run, when the caller has made it already; `inputs`: `eval_inputs(cfg)`, when the caller has them (it checked
+    them against that run: the same are recorded)."""
     from opct.axes import AXES, EvalContext
     from opct.evals.generate import Gen
     from opct.evals.resume import attack_settings, eval_inputs, resumed
@@ -281,7 +282,8 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
     gen = Gen(cfg.max_new_tokens, cfg.temperature, cfg.batch_size, cfg.progress, cfg.seed_per_prompt)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    inputs = eval_inputs(cfg)  # recorded in run.json: a resume must find the same contents
+    if inputs is None:  # recorded in run.json: a resume must find the same contents
+        inputs = eval_inputs(cfg)
 
     done: list[str] = []
     records: list[dict] = []
