@@ -3,7 +3,7 @@ loader reads every config file (train, eval, attack, experiment, audit).
 
   option(default, help, **rules)    a field, with its help text and the rules its value must meet:
                                     choices=[...], ge= / gt= / le= bounds, nonempty=True, device=True (a torch
-                                    device string), required=True (checked by `require`), cli=False (not a flag),
+                                    device string), threads=True (no more than this machine's CPUs), required=True (checked by `require`), cli=False (not a flag),
                                     file=False (a flag only, never from a file), flag_parse=fn (turns the flag's list
                                     of strings into the value)
   validate(obj)                     every config's __post_init__ calls it: each field's value is coerced to its
@@ -195,6 +195,9 @@ def _check_rules(value, meta, name: str) -> None:
                                   ("le", v <= meta.get("le", math.inf), "<=")):
                 if key in meta and not ok:
                     raise ConfigError(where, f"must be {word} {meta[key]} (got {v})")
+    if meta.get("threads") and isinstance(value, int) and value > _cpus():  # torch's thread pools: 10^5 crashed
+        raise ConfigError(name, f"must be <= {_cpus()}, the CPUs of this machine (got {value}); more threads than "
+                                "CPUs only slow torch down")
     if meta.get("nonempty") and not value:
         raise ConfigError(name, "must not be empty")
     if meta.get("device") and isinstance(value, str):  # whether this machine has it is checked where it is used
@@ -204,6 +207,12 @@ def _check_rules(value, meta, name: str) -> None:
             torch.device(value)
         except (RuntimeError, TypeError) as e:
             raise ConfigError(name, f"{value!r} is not a torch device ({first_line(e)})") from None
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 1
 
 
 @functools.lru_cache(maxsize=None)
@@ -293,6 +302,30 @@ def _strict_yaml(text: str, path: Path):
     return yaml.load(text, Loader=_Strict)  # noqa: S506 - a SafeLoader
 
 
+# A config is a few hundred values; YAML's aliases can make a few lines expand to billions (each alias a reference
+# to an earlier node, "billion laughs"), which every walk over the settings (checks, run.json) would then visit.
+MAX_CONFIG_VALUES = 100_000
+
+
+def _check_expanded(data, path) -> None:
+    """An OpctError when `data`, its aliases expanded, holds more than MAX_CONFIG_VALUES values (counted once per
+    node: a shared node's count is remembered, so the count itself stays cheap)."""
+    sizes: dict[int, int] = {}
+
+    def size(v) -> int:
+        if not isinstance(v, (dict, list)):
+            return 1
+        if id(v) not in sizes:
+            sizes[id(v)] = 0  # a node that holds itself (a recursive alias) counts once
+            items = [*v.keys(), *v.values()] if isinstance(v, dict) else v
+            sizes[id(v)] = min(1 + sum(size(x) for x in items), MAX_CONFIG_VALUES + 1)
+        return sizes[id(v)]
+
+    if size(data) > MAX_CONFIG_VALUES:
+        raise OpctError(f"{path}: expands to more than {MAX_CONFIG_VALUES:,} values (YAML aliases referring to "
+                        "aliases); a config holds a few hundred: write the values out")
+
+
 def load_config_file(path) -> dict:
     path = Path(path)
     if not path.exists():
@@ -302,7 +335,9 @@ def load_config_file(path) -> dict:
     text = read_text(path)  # a byte-order mark (some Windows editors write one) is dropped
     try:
         if path.suffix in (".yaml", ".yml"):
-            data = check_unicode(_strict_yaml(text, path))
+            data = _strict_yaml(text, path)
+            _check_expanded(data, path)
+            data = check_unicode(data)
             if data is None:  # nothing but blanks and comments: a mistake more likely than "every default"
                 raise OpctError(f"{path}: holds no settings (empty, or comments only); leave the file out to use "
                                 "the defaults")

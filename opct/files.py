@@ -7,7 +7,8 @@
                                      is cut off, so the next record is never glued onto it
   read_appended_jsonl                read a file written by append_jsonl, leaving out a torn last line
   read_text / read_json              read a file, turning "not UTF-8", "is a directory", "nested too deeply" and
-                                     the like into an OpctError that names the file
+                                     the like into an OpctError that names the file (a named pipe or a device,
+                                     which would block or never end, is refused before it is opened)
   dir_there                          whether a directory a report reads is there; a file in its place is an error
   dir_lock                           an exclusive lock on a run directory (fcntl.flock on DIR/.opct.lock), so a
                                      second process writing the same run is refused; the kernel releases it when
@@ -20,6 +21,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -227,9 +229,27 @@ def strict_loads(text: str, **kw):
     return check_unicode(json.loads(text, object_pairs_hook=_unique_keys, **kw))
 
 
+_SPECIAL = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+            (stat.S_ISSOCK, "a socket"))
+
+
+def check_regular(path) -> None:
+    """An OpctError naming `path` when it is a named pipe, a device or a socket: opening one blocks until another
+    process writes to it (a FIFO) or reads without end (/dev/zero), and a run's inputs are read more than once
+    (fingerprinted, then read). A missing path and a directory are left to the reader, which names them."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return
+    for test, what in _SPECIAL:
+        if test(mode):
+            raise OpctError(f"{path}: is {what}, not a regular file; give a file (copy what it holds into one)")
+
+
 def read_text(path) -> str:
     """The UTF-8 text of `path` (a leading byte-order mark dropped); any problem reading it is an OpctError naming
     the file."""
+    check_regular(path)
     try:
         return Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
@@ -255,6 +275,7 @@ def read_json(path, what: str = "<json>", strict: bool = True):
 
 def sha256(path) -> str:
     """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks."""
+    check_regular(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 20):

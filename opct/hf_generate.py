@@ -19,7 +19,8 @@ class SamplerLogprobs:
     `finish`). transformers applies custom processors before its temperature warper, hence the division here; the
     policy sets no other warper (top-k 0, top-p 1), so this is exactly the distribution tokens are drawn from
     (greedy decoding: temperature 1, the model's own distribution). Scores that are NaN, +inf or all -inf (diverged
-    weights) raise `NonFinite` before a token is drawn from them.
+    weights), or that divided by the temperature give no distribution (a tiny one), raise `NonFinite` before a token
+    is drawn from them.
     """
 
     def __init__(self, temperature: float):
@@ -33,6 +34,8 @@ class SamplerLogprobs:
         if bool(torch.isnan(scores).any() | torch.isposinf(scores).any() | torch.isneginf(scores).all(-1).any()):
             raise NonFinite("the model's logits are not finite")
         self.prev_logp_B_V = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        if bool(torch.isnan(self.prev_logp_B_V).any()):  # finite logits, but infinite once divided by a tiny T
+            raise NonFinite("the model's probabilities are not finite")
         return scores
 
     def finish(self, last_tokens_B) -> torch.Tensor:

@@ -30,6 +30,8 @@ def check_device(device, flag: str = "--device", instead: str = "--device cpu"):
         d = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise OpctError(f"{flag} {device}: not a torch device ({first_line(e)})") from None
+    if d.type not in ("cpu", "cuda", "mps"):  # torch knows more (xla, meta, ...): opct's paths are not built for them
+        raise OpctError(f"{flag} {device}: opct runs on cpu, cuda or mps, not {d.type}")
     if d.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"

@@ -190,8 +190,10 @@ class HFPolicy:
                                  ("response_ids", "texts", "logprobs", "truncated")))
             else:
                 new_B_T, logp_B_T = self._generate(prompts_ids, max_new_tokens, temperature, min_new_tokens, top_p)
-        except NonFinite as e:
-            raise OpctError(f"{self.name}: sampling failed, {e} (diverged weights?)") from None
+        except NonFinite as e:  # the logits / temperature overflow at a tiny temperature, as at diverged weights
+            why = "diverged weights?" if not 0 < temperature < 1e-3 else \
+                f"a temperature of {temperature:g} overflows the logits divided by it: use 0.001 or more"
+            raise OpctError(f"{self.name}: sampling failed, {e} ({why})") from None
         return self._samples(new_B_T, logp_B_T)
 
     def _seeded_generate(self, prompt_ids, seed, max_new_tokens, temperature, min_new_tokens, top_p) -> Samples:

@@ -32,6 +32,8 @@ def _yaml(tmp_path, name, data) -> str:
     ("lora: 'false'\n", "lora", "must be true or false (got the string 'false')"),
     ("estimator: exact\n", "estimator", "must be one of full, topk, sampled"),
     ("trust_remote_code: true\n", "trust_remote_code", "only be switched on by the command-line flag"),
+    ("layers: '0,abc'\n", "layers", "'abc' is not a layer index (give comma-separated integers, e.g. 0,2,-1)"),
+    ("layers: '--1'\n", "layers", "'--1' is not a layer index"),
 ])
 def test_train_config_file_values_are_checked(tmp_path, text, field, problem):
     path = _yaml(tmp_path, "train.yaml", text)
@@ -335,3 +337,67 @@ def test_demo_name_must_be_one_folder(tmp_path, capsys, subject, name):
     assert e.value.code == 2
     assert f"--name: must be a non-empty directory name (got {name!r})" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_yaml_config_whose_aliases_expand_past_any_config_is_refused_at_once(tmp_path, capsys):
+    """Ten lines of nested aliases ("billion laughs", 9^9 values expanded) hung `opct run` and `opct eval --config`
+    for minutes (2026-12-07: every walk over the settings visits the expansion); refused now, naming the file, while
+    an anchor used as YAML means it (one block shared by two fields) still loads."""
+    from opct.config import MAX_CONFIG_VALUES, load_config_file
+
+    lines = ["a0: &a0 [" + ", ".join(["x"] * 9) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    bomb = _yaml(tmp_path, "bomb.yaml", "\n".join(lines) + "\n")
+    for argv in (["run", bomb], ["eval", "--model", "m", "--config", bomb, "--out", str(tmp_path / "e")]):
+        assert cli_error(capsys, argv) == (f"opct: error: {bomb}: expands to more than {MAX_CONFIG_VALUES:,} values "
+                                           "(YAML aliases referring to aliases); a config holds a few hundred: write "
+                                           "the values out")
+    shared = _yaml(tmp_path, "shared.yaml", "a: &b {lr: 0.1, steps: [1, 2]}\nc: *b\n")
+    assert load_config_file(shared) == {"a": {"lr": 0.1, "steps": [1, 2]}, "c": {"lr": 0.1, "steps": [1, 2]}}
+    assert not (tmp_path / "e").exists()
+
+
+@pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
+def test_a_named_pipe_or_a_device_given_as_a_file_is_refused_before_it_is_opened(tmp_path, capsys, special):
+    """A FIFO blocked `opct run FIFO` and `--items FIFO` forever (opening one waits for a writer) and /dev/zero read
+    until memory ran out (2026-12-07); every reader of a user's file (config, JSONL, fingerprint) refuses them."""
+    import os
+
+    from opct.files import read_text, sha256
+    from opct.pairs.schema import read_jsonl
+
+    path = special
+    if special == "fifo":
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)
+    what = "a named pipe" if special == "fifo" else "a character device"
+    says = f"{path}: is {what}, not a regular file; give a file (copy what it holds into one)"
+    assert cli_error(capsys, ["run", path]) == f"opct: error: {says}"
+    assert cli_error(capsys, ["eval", "--model", "m", "--config", path, "--out", str(tmp_path / "e")]) == \
+        f"opct: error: {says}"
+    for read in (read_text, sha256, lambda p: list(read_jsonl(p))):
+        with pytest.raises(OpctError) as e:
+            read(path)
+        assert str(e.value) == says
+
+
+def test_threads_past_the_machines_cpus_and_devices_opct_has_no_path_for_are_refused_by_name(tmp_path, capsys):
+    """`--threads 100000` crashed torch's thread pool (a segmentation fault under `opct run`, libgomp out of memory
+    under `opct eval`) and 10^10 overflowed in torch.set_num_threads; `--device xla` / `meta` failed deep in loading
+    (2026-12-07). Each is one line now, before any directory is made."""
+    import os
+
+    cpus = os.cpu_count()
+    out = tmp_path / "e"
+    for argv in (["eval", "--model", "m", "--threads", str(cpus + 1), "--out", str(out)],
+                 ["eval", "--model", "m", "--threads", "10000000000", "--out", str(out)]):
+        assert cli_error(capsys, argv).startswith(f"opct: error: --threads: must be <= {cpus}, the CPUs of this "
+                                                  "machine (got ")
+    cfg = _yaml(tmp_path, "exp.yaml", f"name: x\nmodel: test\nthreads: {cpus + 1}\n")
+    assert cli_error(capsys, ["run", cfg]) == (f"opct: error: {cfg}: threads: must be <= {cpus}, the CPUs of this "
+                                               f"machine (got {cpus + 1}); more threads than CPUs only slow torch "
+                                               "down")
+    for device in ("xla", "meta"):
+        assert cli_error(capsys, ["eval", "--model", "test", "--device", device, "--out", str(out)]) == \
+            f"opct: error: --device {device}: opct runs on cpu, cuda or mps, not {device}"
+    assert not out.exists()

@@ -310,3 +310,52 @@ def test_opct_eval_resume_refuses_an_adapter_or_model_whose_weights_changed(test
     assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy", "jailbreak"]
     assert set(json.loads((out / "run.json").read_text())["inputs"]) == {"model", "adapter", "model.files",
                                                                           "adapter.files"}
+
+
+def test_opct_eval_refuses_an_out_with_eval_files_but_no_run_json_and_a_resume_of_a_damaged_run(test_organism,
+                                                                                                 tmp_path, capsys):
+    """Found 2026-12-07: `opct eval --out DIR` replaced a records.jsonl / metrics.json already in DIR when DIR had no
+    run.json (with or without --resume), and a --resume took a finished axis's metrics and records as it found them:
+    a metric that is not a value with its interval was a TypeError traceback, an emptied records.jsonl or a `{}`
+    metrics.json ended with exit status 0 and the axis's results gone. Each is one line now, and nothing is touched."""
+    argv = ["eval", "--model", str(test_organism), "--suite", "sycophancy", "--n", "3", "--max-new-tokens", "8",
+            "--no-attack", "--no-progress"]
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "records.jsonl").write_text('{"sentinel": 1}\n')
+    (foreign / "metrics.txt").write_text("keep\n")
+    for extra in ([], ["--resume"]):
+        assert main([*argv, "--out", str(foreign), *extra]) == 1
+        assert capsys.readouterr().err.strip() == (
+            f"opct: error: {foreign}: holds records.jsonl, metrics.txt but no run.json (not an eval run opct can "
+            "resume), and an eval run would replace them; choose another --out, or move them away")
+    assert (foreign / "records.jsonl").read_text() == '{"sentinel": 1}\n' and \
+        (foreign / "metrics.txt").read_text() == "keep\n" and not (foreign / "metrics.json").exists()
+
+    whole = tmp_path / "whole"
+    assert main([*argv, "--out", str(whole)]) == 0
+    capsys.readouterr()
+    for name, text, says in [
+            ("metrics.json", '{"sycophancy.x": "hello"}', "metric 'sycophancy.x': expected an object with a "
+                                                           "\"value\" field"),
+            ("metrics.json", '{"sycophancy.x": {"value": [1]}}', "metric 'sycophancy.x': value is [1], not a "
+                                                                 "number or null"),
+            ("metrics.json", "{}", f"holds nothing of axis sycophancy, which {tmp_path / 'd' / 'run.json'} lists as "
+                                   "done"),
+            ("records.jsonl", "", f"holds nothing of axis sycophancy, which {tmp_path / 'd' / 'run.json'} lists as "
+                                  "done")]:
+        damaged = tmp_path / "d"
+        if damaged.exists():
+            import shutil
+
+            shutil.rmtree(damaged)
+        damaged.mkdir()
+        for p in whole.iterdir():
+            if p.is_file():
+                (damaged / p.name).write_bytes(p.read_bytes())
+        (damaged / name).write_text(text)
+        before = {p.name: p.read_bytes() for p in damaged.iterdir() if p.is_file()}
+        assert main([*argv, "--out", str(damaged), "--resume"]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"opct: error: {damaged / name}: {says}") and "\n" not in err, err
+        assert {p.name: p.read_bytes() for p in damaged.iterdir() if p.is_file()} == before

@@ -42,6 +42,9 @@ def test_paper_yaml_loads_with_every_arm_and_three_seeds():
     ("sycophancy_families: [flattery]\n", "sycophancy_families: unknown flattery"),
     ("arm_train: {act: {lr: 1.0}}\n", "'act' is not one of the arms"),
     ("seeds: [0, 0]\n", "must not repeat"),
+    ("arms: [act]\ntrain: {layers: abc}\n", "train.layers: 'abc' is not a layer index"),
+    ("arms: [base, {x: {method: bct}}]\n", "arms[1]: must be a method name (got {\"x\": {\"method\": \"bct\"}}); "
+                                          "to give arms settings, write arms as a mapping"),
 ])
 def test_bad_experiment_files_name_the_file_and_the_field(tmp_path, capsys, text, needle):
     path = tmp_path / "exp.yaml"
@@ -66,6 +69,33 @@ def test_training_pairs_hold_only_what_the_experiment_trains_on():
     assert any(p.meta.get("harmful") is False for p in by_axis["jailbreak"])
     assert make_training_pairs(cfg, 0) == make_training_pairs(cfg, 0)
     assert make_training_pairs(cfg, 0) != make_training_pairs(cfg, 1)
+
+
+def test_a_pairs_file_of_an_earlier_session_is_used_only_if_it_holds_the_pairs_the_experiment_makes(tmp_path):
+    """Found 2026-12-07: a rerun that adds an arm took `pairs/seed<S>.jsonl` as it found it, so after the file was
+    cut to one line the new arm trained on 1 pair while the others had trained on 2, and the report compared them.
+    Now the file must hold what the experiment makes for that seed (the same for an arm's benign-replay file)."""
+    from opct.experiment.runner import _pairs_file
+
+    cfg = ExperimentConfig(trained={"sycophancy": ["authority"]}, per_family=3,
+                           arms={"base": {}, "opct": {}, "replayed": {"method": "bct", "benign_replay": 2}})
+    logged = []
+    for arm in ("opct", "replayed"):
+        _pairs_file(cfg, tmp_path, 0, logged.append, arm)
+    shared, replayed = tmp_path / "pairs" / "seed0.jsonl", tmp_path / "pairs" / "seed0-replayed.jsonl"
+    assert len(logged) == 2 and shared.exists() and replayed.exists()
+    for arm in ("base", "opct", "replayed"):  # a later session: the same files, used as they are
+        _pairs_file(cfg, tmp_path, 0, logged.append, arm)
+    assert len(logged) == 2
+    for path, arm in ((shared, "opct"), (replayed, "replayed")):
+        original = path.read_bytes()
+        path.write_bytes(original.split(b"\n", 1)[0] + b"\n")  # cut to its first pair
+        with pytest.raises(OpctError) as e:
+            _pairs_file(cfg, tmp_path, 0, logged.append, arm)
+        assert str(e.value).startswith(f"{path}: holds other pairs than the experiment makes for seed 0 (")
+        assert path.read_bytes() == original.split(b"\n", 1)[0] + b"\n"  # left as it is, for the user to look at
+        path.write_bytes(original)
+        _pairs_file(cfg, tmp_path, 0, logged.append, arm)
 
 
 def _tiny(test_organism, tmp_path, **kw):

@@ -130,6 +130,15 @@ def test_bad_input_is_a_clear_error(tiny_run, tmp_path, capsys):
     finally:
         for final in finals:
             shutil.move(final.with_name("final-aside"), final)
+    # the adapter there but the cell unfinished (no done.json): said as that, not as "no trained adapter" (before
+    # 2026-12-07, pointing the user at an adapter that was there)
+    done = tiny_run / "act" / "0" / "done.json"
+    done.rename(done.with_name("done-aside.json"))
+    try:
+        res = M.compute(tiny_run, arms=["opct", "act"], n=4, progress=False)
+        assert res["skipped"] == [f"act seed 0: the cell is not finished (no {done})"]
+    finally:
+        done.with_name("done-aside.json").rename(done)
     assert main(["mechanism", str(tmp_path / "missing")]) == 1
     assert "opct: error:" in capsys.readouterr().err
     (tmp_path / "run").mkdir()

@@ -74,8 +74,20 @@ def test_diverged_weights_are_a_clear_error_on_both_paths(fast):
     with torch.no_grad():
         model.lm_head.weight.fill_(float("nan"))
     pol = HFPolicy(model, tok, name="nan-model", fast_sampling=fast)
-    with pytest.raises(OpctError, match="nan-model: sampling failed, the model's .* not finite"):
+    with pytest.raises(OpctError, match=r"nan-model: sampling failed, the model's .* not finite \(diverged weights"):
         pol.sample([pol.render(tiny_lm.clean_q("sky"))], 4)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_temperature_so_small_that_the_logits_overflow_is_named_not_blamed_on_the_weights(policy, fast):
+    """`--temperature 1e-45` was reported as "the model's probabilities are not finite (diverged weights?)" about a
+    sound model (2026-12-07): the logits divided by it are infinite. The error names the temperature now."""
+    pol = HFPolicy(policy.model, policy.tokenizer, name="tiny", fast_sampling=fast)
+    with pytest.raises(OpctError) as e:
+        pol.sample(_prompts(policy), 4, temperature=1e-45)
+    assert str(e.value).startswith("tiny: sampling failed, ") and str(e.value).endswith(
+        "(a temperature of 1e-45 overflows the logits divided by it: use 0.001 or more)")
+    assert len(pol.sample(_prompts(policy), 4, temperature=0.001).response_ids) == 3  # a small one that is fine
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])

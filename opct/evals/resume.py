@@ -16,6 +16,8 @@ from pathlib import Path
 
 from opct.errors import OpctError
 
+EVAL_FILES = ("records.jsonl", "metrics.json", "metrics.txt")  # what a run writes beside its run.json
+
 
 def eval_inputs(cfg) -> dict[str, str]:
     """What the run reads, by content, as train's RUN/inputs.json records it (`opct.resume_check`): a fingerprint of
@@ -112,6 +114,7 @@ def resumed(out: Path, cfg, attack_cfg, names: list[str], resume: bool | str,
     from opct.evals.run import EvalConfig
     from opct.files import read_json
     from opct.pairs.schema import read_jsonl
+    from opct.report.rundir import read_metrics
     from opct.resume_check import changes
 
     saved = read_json(out / "run.json", "eval run")
@@ -138,7 +141,15 @@ def resumed(out: Path, cfg, attack_cfg, names: list[str], resume: bool | str,
     metrics = read_json(out / "metrics.json", "metrics")
     if not isinstance(metrics, dict):
         raise OpctError(f"{out / 'metrics.json'}: not an eval run's metrics (a JSON object)")
+    read_metrics(out / "metrics.json", metrics)  # each a value with its interval: they are printed and reported
     metrics = {k: v for k, v in metrics.items() if k.split(".")[0] in done}
+    for axis in done:  # a finished axis is kept as it is: it must all be there (a file emptied or cut is not)
+        for name, found in (("records.jsonl", any(r.get("suite") == axis for r in records)),
+                            ("metrics.json", any(k.split(".")[0] == axis for k in metrics))):
+            if not found:
+                raise OpctError(f"{out / name}: holds nothing of axis {axis}, which {out / 'run.json'} lists as done; "
+                                f"the run's files are damaged: evaluate again from the start (another --out, or "
+                                f"remove {out})")
     info = {k: v for k, v in saved.items() if k not in ("config", "attack_config", "seconds", "done", "inputs")}
     seconds = saved.get("seconds") if isinstance(saved.get("seconds"), dict) else {}  # timings only: not checked
     return done, records, metrics, dict(seconds), info
@@ -149,8 +160,16 @@ def check_resume(cfg, attack_cfg, resume: bool, inputs: dict | None = None) -> t
     errors `run_eval` would raise about it; pass it to `run_eval` as `earlier` so the files are read once.
     `inputs`: `eval_inputs(cfg)`, when the caller has them (and passes the same to `run_eval`: the model's files
     are then hashed once)."""
-    if (Path(cfg.out) / "run.json").exists():
+    out = Path(cfg.out)
+    if (out / "run.json").exists():
         from opct.evals.run import suite_names
 
-        return resumed(Path(cfg.out), cfg, attack_cfg, suite_names(cfg.suite), resume, inputs)
+        return resumed(out, cfg, attack_cfg, suite_names(cfg.suite), resume, inputs)
+    # an eval's files without its run.json (another tool's, or a run whose run.json was removed): the run would
+    # replace them, and there is nothing to resume from
+    found = [name for name in EVAL_FILES if (out / name).exists()]
+    if found:
+        raise OpctError(f"{out}: holds {', '.join(found)} but no run.json (not an eval run opct can resume), and an "
+                        f"eval run would replace {'it' if len(found) == 1 else 'them'}; choose another --out, or "
+                        "move them away")
     return None

@@ -121,7 +121,7 @@ class EvalConfig:
     dtype: str = option("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
     device: str = option("cpu", "torch device", device=True)
     threads: Optional[int] = option(None, "CPU threads for torch (default: 1 for models under 100M parameters on "
-                                          "the CPU, else torch's own choice)", ge=1)
+                                          "the CPU, else torch's own choice)", ge=1, threads=True)
     trust_remote_code: bool = option(False, "run the model directory's own Python code (a flag only: never from a "
                                             "config file; prints a warning naming the directory)", file=False)
     progress: bool = option(True, "progress bars")

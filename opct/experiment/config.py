@@ -31,6 +31,7 @@ fields, checked by type and range with the rest of the file before anything runs
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import asdict, dataclass
 from typing import ClassVar, Optional
 
@@ -111,7 +112,7 @@ class ExperimentConfig:
                        "free text shown at the top of the report")
     report: bool = option(True, "write report.html and results.md when every arm is done")
     threads: int = option(0, "torch CPU threads (0: one thread for models under 100M parameters, which is faster for "
-                             "these small, overhead-bound steps; else torch's default)", ge=0)
+                             "these small, overhead-bound steps; else torch's default)", ge=0, threads=True)
     log_with: list[str] = option([], "trackers (tensorboard, wandb, ...; opct/trackers.py) for every cell's training "
                                      "and evaluation, and the experiment's finished cells", choices=list(TRACKERS))
     progress: bool = option(True, "progress bars of every cell's training and evaluation (--no-progress: none; "
@@ -161,6 +162,11 @@ def _normalise_arms(arms) -> dict:
     """A list of names -> {name: {method: name}}; a mapping's values -> {method: ..., overrides} (method defaults to
     the arm's name)."""
     if isinstance(arms, (list, tuple)):
+        for i, a in enumerate(arms):  # `[base, {x: {method: bct}}]` was a TypeError traceback (2026-12-07)
+            if not isinstance(a, str):
+                raise ConfigError(f"arms[{i}]", f"must be a method name (got {json.dumps(a, default=str)[:60]}); to "
+                                                "give arms settings, write arms as a mapping: {base: {}, x: {method: "
+                                                "bct, ...}}")
         if len(set(map(str, arms))) != len(arms):
             raise ConfigError("arms", "arms and seeds must not repeat")
         arms = {a: None for a in arms}

@@ -180,11 +180,26 @@ def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log, arm: str) -> 
     if not n:
         return shared
     path = root / "pairs" / f"seed{seed}-{arm}.jsonl"
+    replay = replay_pairs(n, seed)
     if not path.exists():
-        replay = replay_pairs(n, seed)
         save_pairs([*load_pairs(shared), *replay], path)
         log(f"  pairs for {arm}: + {len(replay)} benign replay pairs -> {path}")
+    else:
+        _check_made(path, [*load_pairs(shared), *replay], seed)
     return path
+
+
+def _check_made(path: Path, pairs: list, seed: int) -> None:
+    """An OpctError when the pairs file an earlier session of the experiment made (`path`) holds other pairs than
+    it makes now (`pairs`): edited, cut short, or made by another version of opct. Its arms trained on what it held;
+    an arm trained now on other pairs would be compared with them as if on the same."""
+    from opct.pairs.schema import load_pairs
+
+    if [p.to_json() for p in load_pairs(path)] != [p.to_json() for p in pairs]:
+        raise OpctError(f"{path}: holds other pairs than the experiment makes for seed {seed} ({len(pairs)} pairs: "
+                        f"the file was edited, or made by another version of opct); the arms already trained on it "
+                        f"would not be comparable with new ones: put the original back, or run the experiment again "
+                        f"under another --name")
 
 
 def _user_pairs(path: Path, trained: dict[str, list[str]]) -> Path:
@@ -215,13 +230,15 @@ def _shared_pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log) -> Pat
     if cfg.pairs:
         return _user_pairs(Path(cfg.pairs), cfg.trained)
     path = root / "pairs" / f"seed{seed}.jsonl"
+    pairs = make_training_pairs(cfg, seed)
+    if not pairs:
+        raise OpctError("the experiment trains on nothing: every list in `trained` is empty (or give --pairs)")
     if not path.exists():
-        pairs = make_training_pairs(cfg, seed)
-        if not pairs:
-            raise OpctError("the experiment trains on nothing: every list in `trained` is empty (or give --pairs)")
         save_pairs(pairs, path)
         counts = Counter(p.axis for p in pairs)
         log(f"  pairs: {len(pairs)} ({', '.join(f'{k} {v}' for k, v in counts.items())}) -> {path}")
+    else:  # made by an earlier session of this experiment: the same pairs, or its arms would not compare
+        _check_made(path, pairs, seed)
     return path
 
 

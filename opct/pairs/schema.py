@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterable
 
 from opct.errors import DataError
-from opct.files import JSONProblem, strict_loads, write_atomic
+from opct.files import JSONProblem, check_regular, strict_loads, write_atomic
 
 TASKS = ("invariance", "compression")
 SPLITS = ("train", "heldout")
@@ -209,6 +209,7 @@ def read_jsonl(path, strict: bool = False) -> Iterable[tuple[int, dict]]:
     path = Path(path)
     if not path.exists():
         raise DataError(path, 0, "<file>", "no such file")
+    check_regular(path)
     with open(path, "rb") as f:
         for n, raw_bytes in enumerate(f, start=1):
             try:

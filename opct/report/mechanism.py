@@ -142,7 +142,10 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
         for arm in trained:
             adapter = run.dir / arm / str(seed) / "train" / "final"
             if (arm, seed) not in run.cells or not (adapter / "adapter_config.json").exists():
-                skipped.append(f"{arm} seed {seed}: no trained adapter at {adapter}")
+                cell = run.dir / arm / str(seed)  # an adapter without its cell's done.json: a cell not finished
+                skipped.append(f"{arm} seed {seed}: no trained adapter at {adapter}" if not
+                               (adapter / "adapter_config.json").exists() else
+                               f"{arm} seed {seed}: the cell is not finished (no {cell / 'done.json'})")
                 bar.update(1)
                 continue
             policy = load_policy(model_dir, adapter=str(adapter), progress=progress)

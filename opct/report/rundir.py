@@ -65,9 +65,10 @@ def _is_num(x) -> bool:
     return x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
 
 
-def read_metrics(path: Path) -> dict:
-    """eval/metrics.json, checked: every entry a dict whose value and interval are numbers (or null)."""
-    data = _read_json(path, "metrics")
+def read_metrics(path: Path, data=None) -> dict:
+    """eval/metrics.json, checked: every entry a dict whose value and interval are numbers (or null). `data`: its
+    contents, when the caller has read them."""
+    data = _read_json(path, "metrics") if data is None else data
     if not isinstance(data, dict):
         raise OpctError(f"{path}: metrics: expected an object of metric name -> metric, got {type(data).__name__}")
     for name, m in data.items():

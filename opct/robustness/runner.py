@@ -47,7 +47,7 @@ class RobustnessConfig:
     studies: dict[str, dict] = option(help="study name (opct.robustness.studies.STUDIES) -> its Config fields",
                                       factory=default_studies, nonempty=True)
     quick: bool = option(False, "smaller sizes (each study's QUICK: fewer steps, doses and items)")
-    threads: int = option(0, "torch CPU threads (0: opct's default for the model's size)", ge=0)
+    threads: int = option(0, "torch CPU threads (0: opct's default for the model's size)", ge=0, threads=True)
     progress: bool = option(True, "progress bars: the study's own and its training runs' (--no-progress: none, "
                                   "transformers' loading bars included; the evaluations run without)")
     note: str = option("", "free text shown at the top of the report")

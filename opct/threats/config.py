@@ -103,7 +103,7 @@ class ThreatsConfig:
     eval: EvalConfig = option(help="EvalConfig fields of every evaluation (n, axis_n, samples, ...; the attacker is "
                                    "always off)", factory=threats_eval)
     quick: bool = option(False, "smaller sizes (QUICK: the first seed, fewer steps and items)")
-    threads: int = option(0, "torch CPU threads (0: opct's default for the model's size)", ge=0)
+    threads: int = option(0, "torch CPU threads (0: opct's default for the model's size)", ge=0, threads=True)
     progress: bool = option(True, "progress bars of the training cells (--no-progress: none, transformers' loading "
                                   "bars included; the evaluations run without unless eval.progress); "
                                   "train.progress turns the training's off too")

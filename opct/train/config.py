@@ -124,6 +124,12 @@ class TrainConfig:
 
     def __post_init__(self):
         validate(self)
+        for part in self.layers.split(",") if self.layers.strip() else []:  # as parse_layers reads them; the range
+            try:  # is the model's, checked when it loads (before 2026-12-07 a typo was found once training began)
+                int(part.strip())
+            except ValueError:
+                raise ConfigError("layers", f"{part.strip()!r} is not a layer index (give comma-separated integers, "
+                                            "e.g. 0,2,-1)") from None
         if self.min_new_tokens > self.max_new_tokens:
             raise ConfigError("min_new_tokens", f"must not exceed max_new_tokens ({self.max_new_tokens}); got "
                                                 f"{self.min_new_tokens}")
