@@ -245,7 +245,7 @@ def check_keys(cls, data: dict, prefix: str = "", reserved=(), label: str | None
     """Every key of `data` names a field of `cls` that a file may set."""
     label = label or cls.__name__
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(k for k in data if k not in fields)
+    unknown = sorted((str(k) for k in data if k not in fields))  # YAML keys may be numbers (`1: 2`): a TypeError
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(fields), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -14,6 +14,8 @@ weights silently re-initialised at random.
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 from opct.errors import OpctError, first_line
@@ -99,11 +101,54 @@ def check_adapter(adapter_dir) -> None:
     if config.get("peft_type") != "LORA":  # PREFIX_TUNING and the like were a TypeError from inside peft
         raise OpctError(f"{folder / 'adapter_config.json'}: peft_type: opct loads LoRA adapters (\"LORA\"), got "
                         f"{config.get('peft_type')!r}")
+    _check_lora_fields(config, folder / "adapter_config.json")
     weights = folder / "adapter_model.safetensors"
     if not weights.is_file():
         _refuse_pickles(folder, "the adapter")
         raise OpctError(f"{folder}: no adapter_model.safetensors in the adapter directory")
     _check_safetensors([weights])
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _names(v) -> bool:
+    return isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v))
+
+
+# The fields of a LoRA adapter_config.json that peft reads as it builds the adapter, and what each must be: a value of
+# another type was a TypeError traceback from inside peft, a NaN lora_alpha a "loss not finite" at the first step
+# (found 2026-12-07). Fields left out are peft's defaults.
+_LORA_FIELDS = {
+    "r": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "lora_alpha": ("a finite number", _number),
+    "lora_dropout": ("a number in [0, 1)", lambda v: _number(v) and 0 <= v < 1),
+    "target_modules": ("a module name or a list of them", lambda v: v is None or _names(v)),
+    "modules_to_save": ("a list of module names", lambda v: v is None or _names(v)),
+    "bias": ("one of none, all, lora_only", lambda v: v in ("none", "all", "lora_only")),
+    "use_rslora": ("true or false", lambda v: isinstance(v, bool)),
+    "use_dora": ("true or false", lambda v: isinstance(v, bool)),
+    "fan_in_fan_out": ("true or false", lambda v: isinstance(v, bool)),
+    "layers_to_transform": ("a layer index or a list of them", lambda v: v is None or (
+        isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, list) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in v))),
+    "rank_pattern": ("a mapping", lambda v: v is None or isinstance(v, dict)),
+    "alpha_pattern": ("a mapping", lambda v: v is None or isinstance(v, dict)),
+}
+
+
+def _check_lora_fields(config: dict, path: Path) -> None:
+    for key, (want, ok) in _LORA_FIELDS.items():
+        if key in config and not ok(config[key]):
+            raise OpctError(f"{path}: {key}: must be {want} (got {json.dumps(config[key], default=str)[:40]})")
+
+
+def adapter_load_problem(e: BaseException) -> str:
+    """What a one-line error quotes of peft's failure to load an adapter: its "size mismatch" line when there is one
+    (the first line only says "Error(s) in loading state_dict"), else its first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    return next((ln for ln in lines if "size mismatch" in ln), lines[0])
 
 
 def check_adapter_loaded(peft_model, adapter_dir) -> None:

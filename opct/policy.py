@@ -355,8 +355,8 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
     if trust_remote_code:
         print(f"opct: warning: --trust-remote-code: the Python code in {path} will run (only use it for a model "
               f"directory you trust)", file=sys.stderr)
-    from opct.modeldir import (check_adapter, check_adapter_loaded, check_device, check_finite_weights,
-                               check_loading_info, check_model_dir)
+    from opct.modeldir import (adapter_load_problem, check_adapter, check_adapter_loaded, check_device,
+                               check_finite_weights, check_loading_info, check_model_dir)
 
     check_model_dir(path)  # no config.json; damaged, truncated or pickle-only weights: an error naming the file
     check_dtype(dtype)
@@ -384,11 +384,9 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
 
         try:
             model = PeftModel.from_pretrained(model, adapter)
-        except (OSError, ValueError, RuntimeError, KeyError) as e:
-            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
-            detail = next((ln for ln in lines if "size mismatch" in ln), lines[0])
-            raise OpctError(f"{adapter}: cannot load the adapter onto {path} ({detail}); was it trained on another "
-                            f"model?") from None
+        except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+            raise OpctError(f"{adapter}: cannot load the adapter onto {path} ({adapter_load_problem(e)}); was it "
+                            f"trained on another model?") from None
         check_adapter_loaded(model, adapter)
     check_finite_weights(model, path, adapter, dtype)
     model.to(device).eval()

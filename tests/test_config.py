@@ -34,12 +34,24 @@ def _yaml(tmp_path, name, data) -> str:
     ("trust_remote_code: true\n", "trust_remote_code", "only be switched on by the command-line flag"),
     ("layers: '0,abc'\n", "layers", "'abc' is not a layer index (give comma-separated integers, e.g. 0,2,-1)"),
     ("layers: '--1'\n", "layers", "'--1' is not a layer index"),
+    # past any real run: a step of 10^9 pairs built a list of them and grew memory for minutes (2026-12-07)
+    ("batch_size: 1000000000\n", "batch_size", "must be <= 65536"),
+    ("n_samples: 100000000\n", "n_samples", "must be <= 4096"),
+    ("grad_accum: 1000000000\n", "grad_accum", "must be <= 65536"),
+    ("max_steps: 1.0e+23\n", "max_steps", "must be <= 1000000000"),
 ])
 def test_train_config_file_values_are_checked(tmp_path, text, field, problem):
     path = _yaml(tmp_path, "train.yaml", text)
     with pytest.raises(OpctError) as e:
         build_config(TrainConfig, None, path)
     assert str(e.value).startswith(f"{path}: {field}: ") and problem in str(e.value)
+
+
+def test_a_key_that_yaml_reads_as_a_number_is_an_unknown_field_not_a_traceback(tmp_path, capsys):
+    """`1: 2` in a config was a TypeError traceback from inside difflib (2026-12-07)."""
+    path = _yaml(tmp_path, "train.yaml", "max_steps: 1\n1: 2\nnull: 3\n")
+    err = cli_error(capsys, ["train", "--config", path, "--model", "m", "--pairs", "p", "--out", str(tmp_path / "r")])
+    assert err.startswith(f"opct: error: {path}: unknown config field(s) 1, None; known: ")
 
 
 def test_yaml_reads_scientific_notation_as_the_float_users_mean(tmp_path):

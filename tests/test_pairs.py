@@ -196,6 +196,30 @@ def test_an_out_that_names_the_items_file_is_refused_before_it_is_replaced(tmp_p
     assert items.read_bytes() == before
 
 
+def test_an_out_holding_another_kind_of_file_is_refused_and_a_pairs_file_is_made_again(tmp_path, capsys):
+    """`opct pairs make|poison --out` replaced any file there: a model's weights, a run's metrics.jsonl (found
+    2026-12-07). A file of another kind is refused, untouched; a pairs file (made before) is replaced, as asked."""
+    pairs = tmp_path / "p.jsonl"
+    assert main(["pairs", "make", "--axis", "jailbreak", "--per-family", "2", "--out", str(pairs)]) == 0
+    weights, log, notes = tmp_path / "model.safetensors", tmp_path / "metrics.jsonl", tmp_path / "notes.txt"
+    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    log.write_text('{"step": 1, "loss": 0.5}\n')
+    notes.write_text("mine\n")
+    for argv in (["pairs", "make", "--axis", "sycophancy", "--per-family", "1"],
+                 ["pairs", "poison", str(pairs), "--frac", "0.5"]):
+        for out in (weights, log, notes):
+            before = out.read_bytes()
+            assert main([*argv, "--out", str(out)]) == 1
+            assert capsys.readouterr().err.strip() == (f"opct: error: {out}: --out names a file that is not a pairs "
+                                                       "file, which it would replace; choose another --out, or "
+                                                       "remove the file first")
+            assert out.read_bytes() == before
+    again = tmp_path / "again.jsonl"
+    again.write_bytes(pairs.read_bytes())
+    assert main(["pairs", "make", "--axis", "sycophancy", "--per-family", "1", "--out", str(again)]) == 0
+    assert {json.loads(line)["axis"] for line in again.read_text().splitlines()} == {"sycophancy"}
+
+
 @pytest.mark.parametrize("axis, record, field", [
     ("sycophancy", {"id": "q", "question": "Is it?", "answer": "yes"}, "wrong_answer"),
     ("sycophancy", {"id": "q", "answer": "yes", "wrong_answer": "no"}, "question"),

@@ -182,6 +182,16 @@ def test_an_adapter_whose_tensors_do_not_match_its_configuration_is_refused(tmp_
     (good / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "PREFIX_TUNING"}))
     with pytest.raises(OpctError, match="adapter_config.json: peft_type: opct loads LoRA adapters .*'PREFIX_TUNING'"):
         load_policy(base, adapter=str(good))
+    # fields of the wrong type were TypeError tracebacks from inside peft, a NaN lora_alpha a "loss not finite" at
+    # the first training step (2026-12-07): named by the file and the field, for eval's --adapter and train's
+    # --init-adapter alike (both go through opct.modeldir.check_adapter)
+    for key, value, want in [("r", "x", "an integer >= 1"), ("r", True, "an integer >= 1"), ("r", 8.5, "an integer"),
+                             ("lora_alpha", float("nan"), "a finite number"), ("lora_dropout", "x", "a number"),
+                             ("target_modules", 5, "a module name or a list of them"), ("bias", 1, "one of none")]:
+        (good / "adapter_config.json").write_text(json.dumps({**config, key: value}))
+        with pytest.raises(OpctError) as e:
+            load_policy(base, adapter=str(good))
+        assert str(e.value).startswith(f"{good / 'adapter_config.json'}: {key}: must be {want}"), str(e.value)
 
 
 def test_non_finite_names_the_first_bad_tensor_and_is_not_fooled_by_a_norm_that_overflows():

@@ -392,6 +392,47 @@ def test_a_resume_without_the_runs_config_is_refused(tmp_path, model_dir, pairs_
     assert (out / "metrics.jsonl").read_text() == before and not (out / "config.json").exists()
 
 
+def test_train_refuses_an_out_that_holds_a_model_or_files_a_run_would_replace(tmp_path, model_dir, pairs_file,
+                                                                              capsys):
+    """Found 2026-12-07: `opct train --out` wrote its config.json over a model directory's (--out = --model left a
+    model that no longer loaded; a copy of the model as --out lost its config silently), and replaced a final/ it had
+    not written. Each is refused before anything is written, the files as they were."""
+    model = tmp_path / "model"
+    shutil.copytree(model_dir, model)
+    other = tmp_path / "other"
+    shutil.copytree(model_dir, other)
+    notes = tmp_path / "notes"
+    (notes / "final").mkdir(parents=True)
+    (notes / "final" / "notes.txt").write_text("mine\n")
+    for argv, says in [
+            (_train_args(model, pairs_file, model), f"--out {model}: is the --model directory; a run writes its own "
+                                                    "config.json and final/ into --out: choose another directory"),
+            (_train_args(model, pairs_file, other), f"{other}: holds a model or an adapter (model.safetensors), not a "
+                                                    "training run; a run would write its config.json over the "
+                                                    "model's: choose another --out"),
+            (_train_args(model, pairs_file, notes), f"{notes}: holds final but no training run (no inputs.json, "
+                                                    "metrics.jsonl or checkpoints/), and a run would replace it: "
+                                                    "choose another --out, or move it away")]:
+        before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".opct.lock"}
+        assert cli_error(capsys, [*argv, "--max-steps", "1"]) == f"opct: error: {says}"
+        assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != ".opct.lock"} == before
+
+
+def test_a_resume_of_a_finished_run_without_its_checkpoints_is_refused_not_trained_over(tmp_path, model_dir,
+                                                                                      pairs_file, capsys):
+    """With checkpoints/ pruned from a finished run, --resume said "holds no checkpoint yet; starting the run over",
+    removed its metrics.jsonl and replaced its final/ (before 2026-12-07)."""
+    out = tmp_path / "run"
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
+    shutil.rmtree(out / "checkpoints")
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".opct.lock"}
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, out, "--max-steps", "2", "--resume"))
+    assert err == (f"opct: error: {out}: holds a finished run (final/) but no checkpoint to resume from "
+                   "(checkpoints/ removed?): nothing to continue, and starting over would replace its final/; to "
+                   "train again, choose another --out")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".opct.lock"} == before
+
+
 def test_a_large_file_is_fingerprinted_by_blocks(tmp_path, monkeypatch):
     from opct import files
 
@@ -621,3 +662,21 @@ def test_an_init_adapter_missing_tensors_is_refused_before_training(tmp_path, mo
                                         "--init-adapter", str(first / "final")))
     assert err.startswith(f"opct: error: {weights}: does not match its adapter_config.json on this model: "), err
     assert "tensor(s) missing" in err and not (tmp_path / "second" / "final").exists()
+
+
+def test_an_init_adapter_of_another_rank_or_alpha_than_the_flags_is_refused(tmp_path, model_dir, pairs_file, capsys):
+    """`--init-adapter A --lora-r 8` on a rank-4 adapter trained at rank 4 while the run's config.json said 8 (found
+    2026-12-07): refused, naming both; with the adapter's own values it continues."""
+    first = tmp_path / "first"
+    assert main(_train_args(model_dir, pairs_file, first, "--max-steps", "1")) == 0  # --lora-r 4, alpha 32
+    capsys.readouterr()
+    for extra, says in [(["--lora-r", "8"], "--lora-r 8: the adapter of --init-adapter {a} has lora_r 4"),
+                        (["--lora-alpha", "16"], "--lora-alpha 16: the adapter of --init-adapter {a} has lora_alpha "
+                                                 "32")]:
+        argv = _train_args(model_dir, pairs_file, tmp_path / "second", "--max-steps", "1", "--init-adapter",
+                           str(first / "final"))
+        err = cli_error(capsys, [*argv, *extra])
+        assert err.startswith("opct: error: " + says.format(a=first / "final")), err
+        assert not (tmp_path / "second" / "final").exists()
+    assert main(_train_args(model_dir, pairs_file, tmp_path / "second", "--max-steps", "1", "--init-adapter",
+                            str(first / "final"))) == 0

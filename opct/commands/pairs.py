@@ -48,6 +48,34 @@ def _distinct(inputs: dict[str, str], outputs: dict[str, str]) -> None:
         seen.setdefault(key, flag)
 
 
+def _replaceable(outputs: dict[str, tuple[str, str]]) -> None:
+    """Refuse, before anything is read or written, an output (flag -> (path, kind)) that already holds a file of
+    another kind: `--out model.safetensors` wrote pairs over a model's weights, `--out RUN/metrics.jsonl` over a
+    run's log (found 2026-12-07). A file of the same kind (pairs made again, decisions of an earlier admit) is
+    replaced, as asked. Kinds: "pairs" (each line a pair object), "decisions" (a JSON list of decisions)."""
+    import json
+    from pathlib import Path
+
+    for flag, (path, kind) in outputs.items():
+        if path is None or not Path(path).is_file() or Path(path).stat().st_size == 0:
+            continue
+        p = Path(path)
+        try:
+            with open(p, "rb") as f:
+                if kind == "pairs":
+                    first = next((ln for ln in f if ln.strip()), b"")
+                    value = json.loads(first.decode("utf-8-sig"))
+                    ok = isinstance(value, dict) and {"id", "axis", "teacher", "student"} <= set(value)
+                else:
+                    value = json.loads(f.read().decode("utf-8-sig"))
+                    ok = isinstance(value, list) and all(isinstance(d, dict) and "decision" in d for d in value)
+        except (ValueError, OSError):
+            ok = False
+        if not ok:
+            raise OpctError(f"{path}: {flag} names a file that is not a {kind} file, which it would replace; "
+                            f"choose another {flag}, or remove the file first")
+
+
 def _option(text: str) -> tuple[str, str]:
     import argparse
 
@@ -139,6 +167,7 @@ def _make(args) -> int:
     from opct.pairs.schema import save_pairs
 
     _distinct({"--items": args.items}, {"--out": args.out})
+    _replaceable({"--out": (args.out, "pairs")})
     keys = [k for k, _ in args.options]
     for k in keys:  # a dict keeps the last value without a word
         if keys.count(k) > 1:
@@ -175,6 +204,7 @@ def _poison(args) -> int:
     from opct.pairs.schema import load_pairs, save_pairs
 
     _distinct({"FILE": args.file}, {"--out": args.out})
+    _replaceable({"--out": (args.out, "pairs")})
     pairs = poison(load_pairs(args.file), args.frac, args.trigger, args.seed, args.teacher_side, frac_name="--frac")
     save_pairs(pairs, args.out)
     print(f"{sum(bool(p.meta.get('poisoned')) for p in pairs)} of {len(pairs)} pairs poisoned -> {args.out}")
@@ -190,6 +220,7 @@ def _admit(args) -> int:
 
     path = args.decisions or f"{args.out}.decisions.json"
     _distinct({"FILE": args.file}, {"--out": args.out, "--decisions": path})
+    _replaceable({"--out": (args.out, "pairs"), "--decisions": (path, "decisions")})
     # a bad file, a pair the filter cannot judge, an output that cannot be written: named before any model loads
     pairs = load_pairs(args.file)
     check_judged(pairs, args.file)

@@ -68,7 +68,7 @@ class TrainConfig:
                                            "replay alone after the method's max_steps (sequential)",
                                   choices=["mixed", "sequential"])
     # sampling
-    n_samples: int = option(4, "responses sampled per pair per step", ge=1)
+    n_samples: int = option(4, "responses sampled per pair per step", ge=1, le=4096)
     temperature: float = option(1.0, "sampling temperature", gt=0)
     max_new_tokens: int = option(64, "response length cap; responses that hit it count as truncated", ge=1)
     min_new_tokens: int = option(0, "forbid EOS before this many tokens (benchmarks only; 0 = pure sampling)", ge=0)
@@ -82,9 +82,9 @@ class TrainConfig:
                                          "the KV cache's GiB); the training process needs the rest", gt=0, le=1)
     vllm_enforce_eager: bool = option(False, "sampler vllm: no CUDA graphs (starts faster, samples slower)")
     # optimisation
-    batch_size: int = option(4, "pairs per micro-batch per process", ge=1)
-    grad_accum: int = option(1, "micro-batches per optimizer step", ge=1)
-    max_steps: int = option(100, "optimizer steps", ge=1)
+    batch_size: int = option(4, "pairs per micro-batch per process", ge=1, le=65536)
+    grad_accum: int = option(1, "micro-batches per optimizer step", ge=1, le=65536)
+    max_steps: int = option(100, "optimizer steps", ge=1, le=10 ** 9)
     lr: float = option(1e-4, "peak learning rate (AdamW)", gt=0)
     weight_decay: float = option(0.0, "AdamW weight decay", ge=0)
     lr_schedule: str = option("constant", "schedule after warmup", choices=["constant", "linear", "cosine"])

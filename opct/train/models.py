@@ -31,17 +31,29 @@ def _continue_adapter(model, path):
     """The model under the trainable LoRA adapter saved in `path` (safetensors only, checked like any model file)."""
     from peft import PeftModel
 
-    from opct.modeldir import check_adapter, check_adapter_loaded
+    from opct.modeldir import adapter_load_problem, check_adapter, check_adapter_loaded
 
     check_adapter(path)
     try:
         student = PeftModel.from_pretrained(model, path, is_trainable=True)
-    except (OSError, ValueError, RuntimeError, KeyError) as e:
-        raise OpctError(f"{path}: cannot continue this adapter on {config_model(model)} ({first_line(e)})") from None
+    except (OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+        raise OpctError(f"{path}: cannot continue this adapter on {config_model(model)} "
+                        f"({adapter_load_problem(e)})") from None
     check_adapter_loaded(student, path)  # peft leaves a missing tensor at its initial value with a warning
     check_finite_weights(student, config_model(model), adapter=path)  # not load_policy's: it was loaded here
     _disable_dropout(student)
     return student
+
+
+def _check_same_lora(student, config: TrainConfig) -> None:
+    """The continued adapter's rank and alpha are the run's: --lora-r / --lora-alpha other than the adapter's were
+    ignored while the run's config.json recorded them (found 2026-12-07)."""
+    saved = student.peft_config["default"]
+    for flag, field, theirs in (("--lora-r", "lora_r", saved.r), ("--lora-alpha", "lora_alpha", saved.lora_alpha)):
+        if float(getattr(config, field)) != float(theirs):
+            raise OpctError(f"{flag} {getattr(config, field):g}: the adapter of --init-adapter {config.init_adapter} "
+                            f"has {field} {theirs:g}, which continuing it keeps; give {flag} {theirs:g} (the run "
+                            f"records it)")
 
 
 def student_and_teacher(model, config: TrainConfig):
@@ -56,6 +68,7 @@ def student_and_teacher(model, config: TrainConfig):
 
         if config.init_adapter:  # e.g. SFT+OPCT: continue an SFT adapter; the teacher is still the starting model
             student = _continue_adapter(model, config.init_adapter)
+            _check_same_lora(student, config)
         else:
             targets = lora_targets(model, config.lora_targets)
             check_lora_rank(model, targets, config.lora_r)

@@ -38,6 +38,7 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
     """Refuse to overwrite a run, or to resume one with another configuration, or to resume one already past the
     steps asked for; a run without a checkpoint (killed before its first) is started over when resumed. `out` itself
     may differ from the one recorded (a moved run). `processes`: how many train it (the replay plan's steps)."""
+    _check_not_foreign(out, config)
     saved_path = out / "config.json"
     if not config.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").exists()):
         raise OpctError(f"{out}: already holds a run; pass --resume to continue it, or choose another --out")
@@ -83,6 +84,10 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
             raise OpctError(f"{out}: cannot resume: {names} holds other contents than when the run started (its "
                             f"SHA-256 differs from {inputs_path}'s); resuming would mix two {what} in one run: put "
                             f"the original back, or start a new run")
+    if config.resume and not resuming and (out / "final").exists():  # was: "no checkpoint yet", and trained over it
+        raise OpctError(f"{out}: holds a finished run (final/) but no checkpoint to resume from (checkpoints/ "
+                        f"removed?): nothing to continue, and starting over would replace its final/; to train "
+                        f"again, choose another --out")
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
         if config.resume and not resuming and (out / "metrics.jsonl").exists():
@@ -92,6 +97,34 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
             shutil.rmtree(out / "tb", ignore_errors=True)
         write_json_atomic(saved_path, asdict(config))
         write_json_atomic(inputs_path, inputs)
+
+
+_MODEL_FILE = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+def _check_not_foreign(out: Path, config: TrainConfig) -> None:
+    """An OpctError, before anything is written, when `out` holds what a run would overwrite and is no training run
+    (no inputs.json, metrics.jsonl or checkpoint): a model or adapter directory (a run writes its config.json over
+    the model's; found 2026-12-07, `--out` = `--model` left a model that no longer loaded), or a config.json or
+    final/ of something else (final/ is replaced whole when the run ends)."""
+    if not out.is_dir():
+        return
+    for field in ("model", "teacher_model", "init_adapter"):
+        given = getattr(config, field)
+        if given and Path(given).is_dir() and os.path.realpath(given) == os.path.realpath(out):
+            raise OpctError(f"--out {out}: is the --{field.replace('_', '-')} directory; a run writes its own "
+                            f"config.json and final/ into --out: choose another directory")
+    if (out / "inputs.json").exists() or (out / "metrics.jsonl").exists() or checkpoints(out):
+        return  # a training run (one from before inputs.json was recorded has its metrics.jsonl)
+    model = sorted(p.name for p in out.iterdir() if p.suffix in _MODEL_FILE or p.name == "adapter_config.json")
+    if model:
+        raise OpctError(f"{out}: holds a model or an adapter ({', '.join(model[:3])}), not a training run; a run "
+                        f"would write its config.json over the model's: choose another --out")
+    ours = [name for name in ("config.json", "final") if (out / name).exists()]
+    if ours:
+        raise OpctError(f"{out}: holds {' and '.join(ours)} but no training run (no inputs.json, metrics.jsonl or "
+                        f"checkpoints/), and a run would replace {'it' if len(ours) == 1 else 'them'}: choose "
+                        f"another --out, or move {'it' if len(ours) == 1 else 'them'} away")
 
 
 def _check_schedule(out: Path, saved: dict, config: TrainConfig) -> None:
