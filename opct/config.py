@@ -332,7 +332,15 @@ def load_config_file(path) -> dict:
         raise OpctError(f"{path}: config file not found")
     if path.is_dir():
         raise OpctError(f"{path}: is a directory, not a config file")
-    text = read_text(path)  # a byte-order mark (some Windows editors write one) is dropped
+    import copy
+    import os
+    import stat
+
+    st = os.stat(path)
+    piped = (str(path), st.st_dev, st.st_ino) if stat.S_ISFIFO(st.st_mode) else None
+    if piped in _PIPED:  # a pipe can be read once; `opct run <(...)` reads its file again for each loader
+        return copy.deepcopy(_PIPED[piped])
+    text = read_text(path, pipe_ok=True)  # a byte-order mark is dropped; `--config <(...)` is read (once)
     try:
         if path.suffix in (".yaml", ".yml"):
             data = _strict_yaml(text, path)
@@ -353,7 +361,12 @@ def load_config_file(path) -> dict:
         raise OpctError(f"{path}: cannot parse config: {first_line(e)}") from None
     if not isinstance(data, dict):
         raise OpctError(f"{path}: a config file must hold a mapping of field names to values")
+    if piped is not None:
+        _PIPED[piped] = copy.deepcopy(data)
     return data
+
+
+_PIPED: dict = {}  # (path, device, inode) of a pipe -> the config read from it
 
 
 def add_dataclass_args(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:

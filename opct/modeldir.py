@@ -71,7 +71,15 @@ def check_model_dir(model_dir) -> None:
         raise OpctError(f"{folder}: not a model directory (no config.json); pass a directory written by "
                         f"save_pretrained")
     _json_object(folder / "config.json", "model config")
+    for name in _JSON_FILES:  # damaged, each was "cannot load model or tokenizer (Expecting property name ...)",
+        if (folder / name).is_file():  # naming no file (2026-12-07)
+            _json_object(folder / name, name.removesuffix(".json").replace("_", " "))
     check_weights(folder)
+
+
+# The JSON files of a save_pretrained directory besides config.json that transformers reads as it loads a model
+_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+               "generation_config.json")
 
 
 def _json_object(path: Path, what: str) -> dict:
@@ -95,6 +103,9 @@ def check_weights(model_dir) -> None:
 
 def check_adapter(adapter_dir) -> None:
     folder = Path(adapter_dir)
+    if folder.is_file():  # `--adapter RUN/final/adapter_config.json` said "(no adapter_config.json)" of that file
+        raise OpctError(f"{folder}: is a file, not a peft adapter directory; give the directory that holds "
+                        f"adapter_config.json and adapter_model.safetensors ({folder.parent})")
     if not (folder / "adapter_config.json").is_file():
         raise OpctError(f"{folder}: not a peft adapter directory (no adapter_config.json)")
     config = _json_object(folder / "adapter_config.json", "peft adapter config")

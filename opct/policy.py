@@ -365,6 +365,12 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
         check_adapter(adapter)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - no tokenizer files, or ones it cannot be built from
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+        said = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]  # "... from one of:" and the list
+        raise OpctError(f"{path}: cannot load the tokenizer (tokenizer.json, tokenizer_config.json: {said})") \
+            from None
+    try:
         with hf_progress_bars(progress):
             model, info = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=_DTYPES[dtype],
                                                                trust_remote_code=trust_remote_code,
@@ -373,7 +379,7 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
         first = first_line(e)
         if "mismatched" in first:
             raise OpctError(f"{path / 'config.json'}: does not match the weights (tensor shapes differ)") from None
-        raise OpctError(f"{path}: cannot load model or tokenizer ({first})") from None
+        raise OpctError(f"{path}: cannot load the model ({first})") from None
     except Exception as e:  # noqa: BLE001 - a config.json value the model cannot be built from (a string for a
         # size, 0 heads, an unknown dtype: TypeError, ZeroDivisionError, AttributeError, hub validation errors)
         raise OpctError(f"{path / 'config.json'}: the model cannot be built from it "

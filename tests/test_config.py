@@ -370,27 +370,67 @@ def test_a_yaml_config_whose_aliases_expand_past_any_config_is_refused_at_once(t
 
 
 @pytest.mark.parametrize("special", ["fifo", "/dev/zero"])
-def test_a_named_pipe_or_a_device_given_as_a_file_is_refused_before_it_is_opened(tmp_path, capsys, special):
+def test_a_named_pipe_or_a_device_given_as_a_file_is_refused_before_it_is_opened(tmp_path, capsys, monkeypatch,
+                                                                                 special):
     """A FIFO blocked `opct run FIFO` and `--items FIFO` forever (opening one waits for a writer) and /dev/zero read
-    until memory ran out (2026-12-07); every reader of a user's file (config, JSONL, fingerprint) refuses them."""
+    until memory ran out (2026-12-07). A file that is read more than once (JSONL, fingerprints) refuses both; a
+    config, read once, takes a pipe (`--config <(...)`) but waits at most PIPE_WAIT_S for a writer."""
     import os
 
+    from opct import files
     from opct.files import read_text, sha256
     from opct.pairs.schema import read_jsonl
 
+    monkeypatch.setattr(files, "PIPE_WAIT_S", 0.2)
     path = special
     if special == "fifo":
         path = str(tmp_path / "fifo")
         os.mkfifo(path)
     what = "a named pipe" if special == "fifo" else "a character device"
     says = f"{path}: is {what}, not a regular file; give a file (copy what it holds into one)"
-    assert cli_error(capsys, ["run", path]) == f"opct: error: {says}"
-    assert cli_error(capsys, ["eval", "--model", "m", "--config", path, "--out", str(tmp_path / "e")]) == \
-        f"opct: error: {says}"
     for read in (read_text, sha256, lambda p: list(read_jsonl(p))):
         with pytest.raises(OpctError) as e:
             read(path)
         assert str(e.value) == says
+    if special == "fifo":
+        says = f"{path}: a named pipe that nothing was written to within 0.2 s; give a file"
+    assert cli_error(capsys, ["run", path]) == f"opct: error: {says}"
+    assert cli_error(capsys, ["eval", "--model", "m", "--config", path, "--out", str(tmp_path / "e")]) == \
+        f"opct: error: {says}"
+
+
+def test_a_config_through_a_pipe_is_read(tmp_path):
+    """`--config <(...)`: the shell passes a pipe, which a config takes (up to PIPE_MAX_BYTES), read once and
+    remembered, as a command may load its config more than once."""
+    import os
+    import threading
+
+    from opct import files
+    from opct.config import load_config_file
+
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+
+    def write(data: bytes):
+        with open(path, "wb") as f:
+            try:
+                f.write(data)
+            except BrokenPipeError:  # the reader stopped at its limit
+                pass
+
+    writer = threading.Thread(target=write, args=(b'{"lr": 0.5, "max_steps": 3}',))
+    writer.start()
+    assert load_config_file(path) == {"lr": 0.5, "max_steps": 3}
+    writer.join()
+    # read again (`opct run` reads its file once per loader): what came through the pipe, not an empty config
+    assert load_config_file(path) == {"lr": 0.5, "max_steps": 3}
+    path = tmp_path / "pipe2"
+    os.mkfifo(path)
+    writer = threading.Thread(target=write, args=(b" " * (files.PIPE_MAX_BYTES + 1),))
+    writer.start()
+    with pytest.raises(OpctError, match=f"^{path}: more than 16 MiB came through the pipe; give a file$"):
+        load_config_file(path)
+    writer.join()
 
 
 def test_threads_past_the_machines_cpus_and_devices_opct_has_no_path_for_are_refused_by_name(tmp_path, capsys):

@@ -153,6 +153,10 @@ def test_every_axis_items_file_is_checked_before_the_first_axis_runs(tmp_path, c
                              "sycophancy,capability", "--n", "1", "--samples", "1", "--no-progress", "--out", str(out)])
     assert f"axis_items.capability: {tmp_path / 'missing.jsonl'}: no such file" in err
     assert not (out / "records.jsonl").exists()  # refused before the sycophancy axis ran
+    cfg.write_text(f"axis_items: {{capability: {tmp_path}}}\n")  # a folder: the field named too (2026-12-07)
+    err = cli_error(capsys, ["eval", "--config", str(cfg), "--model", str(test_organism), "--suite", "capability",
+                             "--n", "1", "--no-progress", "--out", str(out)])
+    assert err == f"opct: error: axis_items.capability: {tmp_path}: is a directory, expected a file"
 
 
 def test_a_trained_domain_no_item_has_is_an_error_not_a_held_out_label(tmp_path, capsys, test_organism):

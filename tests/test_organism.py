@@ -175,3 +175,17 @@ def test_profile_out_that_names_a_file_of_the_model_is_refused(test_organism, tm
     assert main(["organism", "profile", str(test_organism), "--n", "1", "--out", str(tmp_path / "f" / "p.json")]) == 1
     out, err = capsys.readouterr()
     assert out == "" and "opct: error:" in err and str(tmp_path / "f") in err
+
+
+def test_an_opct_home_that_is_a_file_is_named_before_anything_is_built(tmp_path, monkeypatch, capsys):
+    """OPCT_HOME naming a file: the test organism was built (about half a minute, with progress bars) and then could
+    not be saved (found 2026-12-07). Named at once now, for the path or any folder above it."""
+    from opct.cli import main
+
+    home = tmp_path / "home"
+    home.write_text("not a folder\n")
+    for value in (home, home / "deeper"):
+        monkeypatch.setenv("OPCT_HOME", str(value))
+        assert main(["organism", "build", "--size", "test", "--quiet"]) == 1
+        assert capsys.readouterr().err.strip() == (f"opct: error: OPCT_HOME {value}: {home} is a file, not a "
+                                                   "directory; point OPCT_HOME at a directory")

@@ -179,6 +179,10 @@ def test_an_adapter_whose_tensors_do_not_match_its_configuration_is_refused(tmp_
                                             f"adapter_config.json on this model: {n} tensor\\(s\\) {what}"):
             load_policy(base, adapter=str(bad))
     config = json.loads((good / "adapter_config.json").read_text())
+    with pytest.raises(OpctError, match=f"^{good / 'adapter_config.json'}: is a file, not a peft adapter directory; "
+                                        f"give the directory that holds adapter_config.json and "
+                                        f"adapter_model.safetensors \\({good}\\)$"):
+        load_policy(base, adapter=str(good / "adapter_config.json"))
     (good / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "PREFIX_TUNING"}))
     with pytest.raises(OpctError, match="adapter_config.json: peft_type: opct loads LoRA adapters .*'PREFIX_TUNING'"):
         load_policy(base, adapter=str(good))

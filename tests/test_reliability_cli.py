@@ -175,6 +175,21 @@ def _eval(model, out, *extra):
     return ["eval", "--model", str(model), "--suite", "capability", "--n", "1", "--out", str(out), *extra]
 
 
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+def test_a_damaged_or_missing_tokenizer_file_is_named(model_copy, tmp_path, capsys, name):
+    """A damaged tokenizer file was "cannot load model or tokenizer (Expecting property name ...)", naming no file,
+    and a missing tokenizer.json the cut-off "(Couldn't instantiate the backend tokenizer from one of:)" (found
+    2026-12-07): the file and its line now, and what transformers looked for."""
+    m = model_copy()
+    (m / name).write_text('{"version": 1,\n  oops}')
+    assert cli_error(capsys, _eval(m, tmp_path / "e")).startswith(f"opct: error: {m / name}:2: ")
+    if name == "tokenizer.json":
+        (m / name).unlink()
+        err = cli_error(capsys, _eval(m, tmp_path / "e"))
+        assert err.startswith(f"opct: error: {m}: cannot load the tokenizer (tokenizer.json, tokenizer_config.json: "
+                              "Couldn't instantiate the backend tokenizer from one of: (1)"), err
+
+
 def test_truncated_or_garbled_weights_name_the_file(model_copy, tmp_path, capsys):
     m = model_copy()
     weights = m / "model.safetensors"
@@ -308,7 +323,7 @@ def test_a_library_error_without_a_message_is_still_one_line(model_copy, tmp_pat
         needle = "damaged or truncated safetensors file (RuntimeError)"
     elif where == "from_pretrained":
         monkeypatch.setattr(tf.AutoModelForCausalLM, "from_pretrained", raise_empty)
-        needle = "cannot load model or tokenizer (RuntimeError)"
+        needle = "cannot load the model (RuntimeError)"
     else:
         monkeypatch.setattr(torch, "device", raise_empty)
         extra, needle = ["--device", "cpu"], "--device: 'cpu' is not a torch device (RuntimeError)"

@@ -242,6 +242,10 @@ def load_axis_items(cfg: EvalConfig) -> dict[str, list[dict]]:
                 out[name] = load_eval_items(cfg.axis_items[name], name)
             except OpctError as e:
                 raise OpctError(f"axis_items.{name}: {e}") from None
+            except OSError as e:  # a directory, no permission: the field too (before 2026-12-07 only the path)
+                from opct.errors import os_problem
+
+                raise OpctError(f"axis_items.{name}: {cfg.axis_items[name]}: {os_problem(e)}") from None
     return out
 
 
