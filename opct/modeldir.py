@@ -64,6 +64,19 @@ def _refuse_pickles(folder: Path, what: str) -> None:
                         f"(save_pretrained(..., safe_serialization=True))")
 
 
+_MODEL_FILE = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+
+
+def model_files_in(folder) -> list[str]:
+    """The weights and adapter files at the top of `folder` (a model or adapter directory holds them), sorted: a
+    run's --out that holds them is refused (train would write its config.json over the model's, eval its files
+    among the model's)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.suffix in _MODEL_FILE or p.name == "adapter_config.json")
+
+
 def check_model_dir(model_dir) -> None:
     """A save_pretrained model directory: config.json and safetensors weights that open (`check_weights`)."""
     folder = Path(model_dir)

@@ -464,6 +464,12 @@ def test_bad_input_is_a_clear_error(capsys, tmp_path):
     unknown.write_text("colour: red\n")
     assert "unknown config field" in cli_error(capsys, ["audit", str(unknown), "--out", str(tmp_path / "a")])
     assert "no results" in cli_error(capsys, ["audit", "--out", str(tmp_path / "empty"), "--report-only"])
+    # a --base-model that is no model: named by its flag, and OUT not started (before 2026-12-07 OUT/config.json was
+    # written first)
+    assert cli_error(capsys, ["audit", "--quick", "--base-model", str(tmp_path / "nosuch"), "--out",
+                              str(tmp_path / "b")]) == (f"opct: error: --base-model {tmp_path / 'nosuch'}: not a "
+                                                        "model directory (no config.json)")
+    assert not (tmp_path / "b" / "config.json").exists()
 
 
 @pytest.mark.parametrize("lines, where", [

@@ -331,6 +331,14 @@ def test_opct_eval_refuses_an_out_with_eval_files_but_no_run_json_and_a_resume_o
             "resume), and an eval run would replace them; choose another --out, or move them away")
     assert (foreign / "records.jsonl").read_text() == '{"sentinel": 1}\n' and \
         (foreign / "metrics.txt").read_text() == "keep\n" and not (foreign / "metrics.json").exists()
+    import shutil
+
+    model = tmp_path / "model"  # a model's folder: its files are not mixed
+    shutil.copytree(test_organism, model)
+    assert main([*argv, "--out", str(model)]) == 1
+    assert capsys.readouterr().err.strip() == (f"opct: error: {model}: holds a model or an adapter "
+                                               "(model.safetensors), not an eval run; choose another --out")
+    assert not (model / "run.json").exists() and not (model / "records.jsonl").exists()
 
     whole = tmp_path / "whole"
     assert main([*argv, "--out", str(whole)]) == 0

@@ -194,10 +194,10 @@ def run_audit(cfg: AuditConfig, log=print) -> Path:
 
     require(cfg)
     out = Path(cfg.out)
-    _check_config(out, cfg)
     base = Path(cfg.base_model) if cfg.base_model else default_base()
-    if not (base / "config.json").exists():
-        raise OpctError(f"{base}: not a model directory (no config.json)")
+    if not (base / "config.json").exists():  # before OUT/config.json is written, naming the flag (2026-12-07)
+        raise OpctError(f"--base-model {base}: not a model directory (no config.json)")
+    _check_config(out, cfg)
     with cpu_threads(count_parameters(base)):  # the caller's thread count back after
         splits = all_splits(cfg)
         done = {_key(r) for r in read_results(out)}

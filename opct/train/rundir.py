@@ -99,9 +99,6 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
         write_json_atomic(inputs_path, inputs)
 
 
-_MODEL_FILE = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
-
-
 def _check_not_foreign(out: Path, config: TrainConfig) -> None:
     """An OpctError, before anything is written, when `out` holds what a run would overwrite and is no training run
     (no inputs.json, metrics.jsonl or checkpoint): a model or adapter directory (a run writes its config.json over
@@ -116,7 +113,9 @@ def _check_not_foreign(out: Path, config: TrainConfig) -> None:
                             f"config.json and final/ into --out: choose another directory")
     if (out / "inputs.json").exists() or (out / "metrics.jsonl").exists() or checkpoints(out):
         return  # a training run (one from before inputs.json was recorded has its metrics.jsonl)
-    model = sorted(p.name for p in out.iterdir() if p.suffix in _MODEL_FILE or p.name == "adapter_config.json")
+    from opct.modeldir import model_files_in
+
+    model = model_files_in(out)
     if model:
         raise OpctError(f"{out}: holds a model or an adapter ({', '.join(model[:3])}), not a training run; a run "
                         f"would write its config.json over the model's: choose another --out")
