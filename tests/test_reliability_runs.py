@@ -680,3 +680,20 @@ def test_an_init_adapter_of_another_rank_or_alpha_than_the_flags_is_refused(tmp_
         assert not (tmp_path / "second" / "final").exists()
     assert main(_train_args(model_dir, pairs_file, tmp_path / "second", "--max-steps", "1", "--init-adapter",
                             str(first / "final"))) == 0
+
+
+def test_a_resume_whose_inputs_json_was_removed_is_refused_unless_the_run_predates_it(tmp_path, model_dir, capsys):
+    """Removing RUN/inputs.json let a resume go on with other pairs at the same path, and wrote the new pairs' hash
+    over the evidence (found 2026-12-07). A checkpoint that records its own hash (state_sha256, written by every opct
+    that writes inputs.json) now needs it; a run from before both resumes unchecked, as before."""
+    pairs, out = tiny_lm.write_pairs(tmp_path / "p.jsonl"), tmp_path / "run"
+    assert main(_train_args(model_dir, pairs, out, "--max-steps", "2", "--save-every", "1")) == 0
+    (out / "inputs.json").unlink()
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".opct.lock"}
+    err = cli_error(capsys, _train_args(model_dir, pairs, out, "--max-steps", "3", "--save-every", "1", "--resume"))
+    assert err.startswith(f"opct: error: {out / 'inputs.json'}: missing, though {out}'s checkpoints were written by "
+                          "an opct that records the run's inputs there"), err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".opct.lock"} == before
+    for state in (out / "checkpoints").glob("*/state.json"):  # as a run from before 2026-12-06 wrote them
+        state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "state_sha256"}))
+    assert main(_train_args(model_dir, pairs, out, "--max-steps", "3", "--save-every", "1", "--resume")) == 0

@@ -72,6 +72,11 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
                         f"would continue it silently); put config.json back, or start a new run")
     inputs = _inputs(config)
     inputs_path = out / "inputs.json"
+    if resuming and not inputs_path.exists() and _records_inputs(latest_checkpoint(out)):
+        raise OpctError(f"{inputs_path}: missing, though {out}'s checkpoints were written by an opct that records the "
+                        f"run's inputs there: the pairs and weights this run started from cannot be checked against "
+                        f"these (a resume on other pairs would mix two data sets in one run); put inputs.json back, or "
+                        f"start a new run")
     if resuming and inputs_path.exists():
         saved_inputs = files.read_json(inputs_path, "inputs")
         if not isinstance(saved_inputs, dict):  # read as "nothing recorded", any data set continued the run
@@ -124,6 +129,19 @@ def _check_not_foreign(out: Path, config: TrainConfig) -> None:
         raise OpctError(f"{out}: holds {' and '.join(ours)} but no training run (no inputs.json, metrics.jsonl or "
                         f"checkpoints/), and a run would replace {'it' if len(ours) == 1 else 'them'}: choose "
                         f"another --out, or move {'it' if len(ours) == 1 else 'them'} away")
+
+
+def _records_inputs(checkpoint) -> bool:
+    """Whether `checkpoint` was written by an opct that also wrote RUN/inputs.json: its state.json holds its own hash
+    (`STATE_HASH`, added after inputs.json was), so a run without inputs.json lost it, and a run started before it
+    was recorded (which resumes unchecked) has no such hash."""
+    from opct.train.checkpoint import STATE_HASH
+
+    try:
+        state = json.loads((Path(checkpoint) / "state.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False  # a damaged checkpoint is the loader's to name
+    return isinstance(state, dict) and STATE_HASH in state
 
 
 def _check_schedule(out: Path, saved: dict, config: TrainConfig) -> None:
