@@ -73,8 +73,10 @@ def write_atomic(path, chunks: str | Iterable[str]) -> Path:
 
 def is_dir_name(name) -> bool:
     """Whether `name` is one directory inside its parent (an experiment's, a study's or an arm's folder): a non-empty
-    string without '/' or NUL that is not '.' or '..' (an arm '..' wrote its cells outside the experiment)."""
-    return isinstance(name, str) and bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+    string without '/' or a control character (NUL; a newline made a folder no listing shows as one line) that is
+    not '.' or '..' (an arm '..' wrote its cells outside the experiment)."""
+    return isinstance(name, str) and bool(name) and "/" not in name and name not in (".", "..") and \
+        not any(ord(c) < 32 or ord(c) == 127 for c in name)
 
 
 def dir_there(path, root=None) -> bool:

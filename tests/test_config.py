@@ -90,6 +90,9 @@ def test_train_flags_are_checked(capsys, tmp_path, flag, value, needle):
     # `..` wrote its cells into OUT/<seed>/, outside the experiment (and its lock); `.` into the experiment's root
     ({"arms": {"..": {"method": "base"}}}, "arms: an arm name must be a non-empty directory name (got '..')"),
     ({"arms": [".", "opct"]}, "arms: an arm name must be a non-empty directory name (got '.')"),
+    # a control character (a newline) made a folder no listing shows on one line (2026-12-07)
+    ({"arms": ["a\nb"]}, "arms: an arm name must be a non-empty directory name (got 'a\\nb')"),
+    ({"name": "x\ty"}, "name: must be a non-empty directory name"),
     ({"trained": {"sycophancy": ["flattery"]}}, "trained.sycophancy: unknown flattery"),
     ({"trained": {"capability": []}}, "trained.capability: not an axis that trains on pairs"),
     ({"trained": "sycophancy"}, "trained: must be a mapping"),
