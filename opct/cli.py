@@ -56,6 +56,7 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        _check_home()
         with _global_state_restored(args.command in TORCH_COMMANDS):
             rc = args.func(args)
     except KeyboardInterrupt:
@@ -69,6 +70,20 @@ def main(argv=None) -> int:
         print(f"opct: error: {_one_line(message)}", file=sys.stderr)
         return 1
     return int(rc or 0)
+
+
+def _check_home() -> None:
+    """$OPCT_HOME (opct's cache: organisms, attackers, backdoored teachers) naming a file, or a path under one: an
+    error before any command runs (an organism was built for half a minute, then could not be saved: 2026-12-07)."""
+    import os
+    from pathlib import Path
+
+    if not os.environ.get("OPCT_HOME"):
+        return
+    home = Path(os.environ["OPCT_HOME"])
+    blocker = next((p for p in (home, *home.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise OpctError(f"OPCT_HOME {home}: {blocker} is a file, not a directory; point OPCT_HOME at a directory")
 
 
 class _DeepSpeedCpuNotice(logging.Filter):

@@ -235,55 +235,25 @@ _SPECIAL = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"
             (stat.S_ISSOCK, "a socket"))
 
 
-def check_regular(path, pipe_ok: bool = False) -> bool:
+def check_regular(path) -> None:
     """An OpctError naming `path` when it is a named pipe, a device or a socket: opening one blocks until another
     process writes to it (a FIFO) or reads without end (/dev/zero), and a run's inputs are read more than once
-    (fingerprinted, then read). `pipe_ok`: a pipe is read (a file read once, such as a config given as the shell's
-    `<(...)`); returns whether `path` is one. A missing path and a directory are left to the reader, which names
-    them."""
+    (fingerprinted, then read). A config, read once, takes a pipe (`opct.config_file`). A missing path and a directory
+    are left to the reader, which names them."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
-        return False
-    if pipe_ok and stat.S_ISFIFO(mode):
-        return True
+        return
     for test, what in _SPECIAL:
         if test(mode):
             raise OpctError(f"{path}: is {what}, not a regular file; give a file (copy what it holds into one)")
-    return False
 
 
-PIPE_WAIT_S, PIPE_MAX_BYTES = 10.0, 16 << 20
-
-
-def _read_pipe(path) -> bytes:
-    """What a writer sends through the pipe `path`: waiting at most PIPE_WAIT_S for it to start (a named pipe no
-    process writes to blocked forever), and at most PIPE_MAX_BYTES (`<(yes)` would fill memory)."""
-    import select
-
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        poll = select.poll()
-        poll.register(fd, select.POLLIN)
-        if not poll.poll(int(PIPE_WAIT_S * 1000)):
-            raise OpctError(f"{path}: a named pipe that nothing was written to within {PIPE_WAIT_S:g} s; give a file")
-        os.set_blocking(fd, True)
-        data = bytearray()
-        while block := os.read(fd, 1 << 16):
-            data += block
-            if len(data) > PIPE_MAX_BYTES:
-                raise OpctError(f"{path}: more than {PIPE_MAX_BYTES >> 20} MiB came through the pipe; give a file")
-        return bytes(data)
-    finally:
-        os.close(fd)
-
-
-def read_text(path, pipe_ok: bool = False) -> str:
+def read_text(path) -> str:
     """The UTF-8 text of `path` (a leading byte-order mark dropped); any problem reading it is an OpctError naming
-    the file. `pipe_ok`: a pipe is read too (`check_regular`)."""
+    the file."""
+    check_regular(path)
     try:
-        if check_regular(path, pipe_ok):
-            return _read_pipe(path).decode("utf-8-sig")
         return Path(path).read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise OpctError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None

@@ -380,11 +380,11 @@ def test_a_named_pipe_or_a_device_given_as_a_file_is_refused_before_it_is_opened
     config, read once, takes a pipe (`--config <(...)`) but waits at most PIPE_WAIT_S for a writer."""
     import os
 
-    from opct import files
+    from opct import config_file
     from opct.files import read_text, sha256
     from opct.pairs.schema import read_jsonl
 
-    monkeypatch.setattr(files, "PIPE_WAIT_S", 0.2)
+    monkeypatch.setattr(config_file, "PIPE_WAIT_S", 0.2)
     path = special
     if special == "fifo":
         path = str(tmp_path / "fifo")
@@ -408,7 +408,7 @@ def test_a_config_through_a_pipe_is_read(tmp_path):
     import os
     import threading
 
-    from opct import files
+    from opct import config_file as files
     from opct.config import load_config_file
 
     path = tmp_path / "pipe"

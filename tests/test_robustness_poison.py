@@ -209,7 +209,7 @@ def test_pairs_commands_never_replace_their_input_and_check_before_any_model_loa
     custom = tmp_path / "custom.jsonl"
     lines = clean.read_text().splitlines()
     custom.write_text(lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "axis": "custom"}) + "\n")
-    kept.write_text("kept before\n")
+    kept.write_text(lines[0] + "\n")  # a pairs file (one of another kind is refused as an --out)
     (tmp_path / "a-dir").mkdir()
     capfd.readouterr()
     admit = ["pairs", "admit", "--model", str(tmp_path / "no-model")]

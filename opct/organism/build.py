@@ -145,15 +145,7 @@ def corpus_digest(cfg: "OrganismConfig") -> str:
 
 
 def opct_home() -> Path:
-    """$OPCT_HOME (default ~/.cache/opct), where built organisms, attackers and backdoored teachers are cached. A file
-    there is an error at once (before 2026-12-07 an organism was built for half a minute, then could not be saved)."""
-    home = Path(os.environ.get("OPCT_HOME", Path.home() / ".cache" / "opct"))
-    blocker = next((p for p in (home, *home.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
-        from opct.errors import OpctError
-
-        raise OpctError(f"OPCT_HOME {home}: {blocker} is a file, not a directory; point OPCT_HOME at a directory")
-    return home
+    return Path(os.environ.get("OPCT_HOME", Path.home() / ".cache" / "opct"))
 
 
 def organism_dir(cfg: OrganismConfig) -> Path:
