@@ -108,6 +108,10 @@ def _json_object(path: Path, what: str) -> dict:
 def check_weights(model_dir) -> None:
     folder = Path(model_dir)
     files = sorted(folder.glob("*.safetensors"))
+    for f in files:  # a folder of that name was "damaged or truncated safetensors file (No such device)"
+        if not f.is_file():
+            raise OpctError(f"{f}: is {'a directory' if f.is_dir() else 'not a regular file'}, expected a "
+                            "safetensors file")
     if not files:
         _refuse_pickles(folder, "its weights")
         raise OpctError(f"{folder}: no safetensors weights (model.safetensors) in the model directory")

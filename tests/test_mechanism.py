@@ -111,6 +111,8 @@ def test_bad_input_is_a_clear_error(tiny_run, tmp_path, capsys):
         M.compute(tiny_run, n=1, progress=False)
     with pytest.raises(OpctError, match="'nope' is not an arm"):
         M.compute(tiny_run, arms=["nope"], progress=False)
+    with pytest.raises(OpctError, match="^--arms: opct named twice$"):  # accepted until 2026-12-07
+        M.compute(tiny_run, arms=["opct", "bct", "opct"], progress=False)
     with pytest.raises(OpctError, match="no trained arm"):
         M.compute(tiny_run, arms=["base"], progress=False)
     # an arm whose adapter is gone in every seed is not shown as probed (its diagonal read 1, its row "undefined")

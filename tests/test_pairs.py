@@ -47,6 +47,7 @@ def _bad(**changes):
     (_bad(student=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "prefill": "yes"}]),
      "student[1].prefill", "only the last message"),
     (_bad(meta={"split": "train"}), "meta.family", "missing"),
+    (_bad(meta={"family": ["a", "b"], "split": "train"}), "meta.family", 'must be a string (got ["a", "b"])'),
     (_bad(meta={"family": "x", "split": "test"}), "meta.split", "must be one of"),
     (_bad(extra=1), "extra", "unknown field"),
     (_bad(meta={"family": "x", "split": "train", "harmful": "no"}), "meta.harmful", "true or false"),

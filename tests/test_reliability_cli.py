@@ -190,6 +190,16 @@ def test_a_damaged_or_missing_tokenizer_file_is_named(model_copy, tmp_path, caps
                               "Couldn't instantiate the backend tokenizer from one of: (1)"), err
 
 
+def test_a_folder_named_like_the_weights_is_named_as_a_folder(model_copy, tmp_path, capsys):
+    """`model.safetensors` a folder: "damaged or truncated safetensors file (No such device (os error 19))" until
+    2026-12-07."""
+    m = model_copy()
+    (m / "model.safetensors").unlink()
+    (m / "model.safetensors").mkdir()
+    assert cli_error(capsys, _eval(m, tmp_path / "e")) == (f"opct: error: {m / 'model.safetensors'}: is a directory, "
+                                                           "expected a safetensors file")
+
+
 def test_truncated_or_garbled_weights_name_the_file(model_copy, tmp_path, capsys):
     m = model_copy()
     weights = m / "model.safetensors"

@@ -697,3 +697,12 @@ def test_a_resume_whose_inputs_json_was_removed_is_refused_unless_the_run_predat
     for state in (out / "checkpoints").glob("*/state.json"):  # as a run from before 2026-12-06 wrote them
         state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "state_sha256"}))
     assert main(_train_args(model_dir, pairs, out, "--max-steps", "3", "--save-every", "1", "--resume")) == 0
+
+
+def test_a_teacher_model_that_is_no_directory_is_named_by_its_flag(tmp_path, model_dir, pairs_file, capsys):
+    """`--teacher-model X` that is no directory said "model 'X': not a directory", which reads as --model (found
+    2026-12-07)."""
+    missing = tmp_path / "nosuch"
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, tmp_path / "run", "--max-steps", "1",
+                                        "--teacher-model", str(missing)))
+    assert err.startswith(f"opct: error: --teacher-model '{missing}': not a directory (give a subject"), err

@@ -321,7 +321,9 @@ def test_bad_input_stops_with_one_clear_line(tmp_path, model_dir, pairs_file, ca
     long = " ".join(["sky"] * 70)
     pf = _bad_pairs(tmp_path, lambda ps: ps[3]["student"][0].update(content=long))
     pid = tiny_lm.make_pairs()[3]["id"]
-    assert f"pair {pid} (student prompt): prompt is" in _cli_error(capsys, args(pf, "run", "--split", "all"))
+    # the pairs file and its line too (2026-12-07: the pair's id only)
+    assert f"bad.jsonl:4: pair {pid} (student prompt): prompt is" in _cli_error(capsys, args(pf, "run", "--split",
+                                                                                          "all"))
 
     pf = _bad_pairs(tmp_path, lambda ps: [p["meta"].update(split="heldout") for p in ps])
     assert "no pairs with meta.split == 'train'" in _cli_error(capsys, args(pf))

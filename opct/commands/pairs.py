@@ -227,8 +227,9 @@ def _admit(args) -> int:
     check_writable(args.out)
     check_writable(path)
     # no bars: the filter has none of its own, and its output is the one line below
+    teacher_dir = resolve(args.teacher_model, "--teacher-model")[0] if args.teacher_model else None
     student = load_policy(resolve(args.model)[0], progress=False)
-    teacher = load_policy(resolve(args.teacher_model)[0], progress=False) if args.teacher_model else student
+    teacher = load_policy(teacher_dir, progress=False) if teacher_dir else student
     kept, decisions = admit(pairs, teacher, student, args.max_new_tokens, path=args.file)
     if not kept:
         raise OpctError(f"{args.file}: the admission filter rejected every pair")

@@ -183,6 +183,8 @@ def validate_pair(obj, path="<pair>", line=0) -> Pair:
     meta = obj.get("meta", {})
     if not isinstance(meta, dict):
         raise DataError(path, line, "meta", "must be an object")
+    if "family" in meta and not isinstance(meta["family"], str):  # a list was "missing" (2026-12-07)
+        raise DataError(path, line, "meta.family", f"must be a string (got {json.dumps(meta['family'])[:40]})")
     if not isinstance(meta.get("family"), str) or not meta.get("family"):
         raise DataError(path, line, "meta.family", "missing (every pair records its family)")
     if meta.get("split") not in SPLITS:

@@ -51,13 +51,14 @@ def _real_subjects() -> None:
 _real_subjects()
 
 
-def resolve(model: str) -> tuple[str, Subject | None]:
-    """(model directory, the subject it names or None) for a subject name or a save_pretrained directory."""
+def resolve(model: str, what: str = "model") -> tuple[str, Subject | None]:
+    """(model directory, the subject it names or None) for a subject name or a save_pretrained directory. `what`:
+    how an error names it (the flag: `--teacher-model`)."""
     if model in SUBJECTS:
         s = SUBJECTS[model]
         return str(s.resolve()), s
     if not Path(model).is_dir():
-        raise OpctError(f"model {model!r}: not a directory (give a subject — {', '.join(SUBJECTS)} — or a "
+        raise OpctError(f"{what} {model!r}: not a directory (give a subject — {', '.join(SUBJECTS)} — or a "
                         f"save_pretrained directory)")
     return model, None
 

@@ -63,16 +63,24 @@ def select_pairs(config: TrainConfig) -> list[Pair]:
     return chosen
 
 
-def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int) -> dict[str, RenderedPair]:
+def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int, path=None) -> dict[str, RenderedPair]:
     """Render both prompts of every pair once, checking up front that each fits the context and that both sides
-    are rendered alike (one BOS, the same generation prompt: `opct.train.guards`)."""
+    are rendered alike (one BOS, the same generation prompt: `opct.train.guards`). `path`: the pairs file, whose
+    line a prompt that does not fit is named by."""
     from opct.train.guards import check_rendered
 
     out = {}
     for p in pairs:
         r = RenderedPair(policy.render(p.student), policy.render(p.teacher))
-        policy.check_fits(r.student_ids, max_new_tokens, f"pair {p.id} (student prompt)")
-        policy.check_fits(r.teacher_ids, max_new_tokens, f"pair {p.id} (teacher prompt)")
+        try:
+            policy.check_fits(r.student_ids, max_new_tokens, f"pair {p.id} (student prompt)")
+            policy.check_fits(r.teacher_ids, max_new_tokens, f"pair {p.id} (teacher prompt)")
+        except OpctError as e:  # the file and line too (2026-12-07: the pair's id only)
+            from opct.pairs.schema import read_jsonl
+
+            line = next((n for n, obj in read_jsonl(path) if isinstance(obj, dict) and obj.get("id") == p.id),
+                        None) if path else None
+            raise OpctError(f"{path}:{line}: {e}" if line else str(e)) from None
         check_rendered(policy, p, r.student_ids, r.teacher_ids)
         out[p.id] = r
     return out
@@ -164,7 +172,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     model_dir = resolve(config.model)[0]
     policy = load_policy(model_dir, device=acc.device, trust_remote_code=config.trust_remote_code,
                          progress=config.progress)
-    prompts = render_pairs(policy, pairs, config.max_new_tokens)
+    prompts = render_pairs(policy, pairs, config.max_new_tokens, config.pairs)
     model, teacher = student_and_teacher(policy.model, config)
     if config.teacher_model:
         teacher = separate_teacher(policy, config, acc.device)

@@ -111,8 +111,8 @@ def separate_teacher(policy: HFPolicy, config: TrainConfig, device):
     from opct.subjects import resolve
 
     teacher_dir = config.teacher_model
-    other = load_policy(resolve(teacher_dir)[0], device=device, trust_remote_code=config.trust_remote_code,
-                        progress=config.progress)
+    other = load_policy(resolve(teacher_dir, "--teacher-model")[0], device=device,
+                        trust_remote_code=config.trust_remote_code, progress=config.progress)
     if other.tokenizer.get_vocab() != policy.tokenizer.get_vocab():
         raise OpctError(f"{teacher_dir}: --teacher-model has another tokenizer than the student ({policy.name}); "
                         f"both must score the same token ids")
