@@ -326,16 +326,19 @@ def build_config(cls, args: argparse.Namespace | None = None, config_file=None, 
     the command line < `overrides`. A bad value is an OpctError naming the file and field or the flag."""
     source: dict[str, str] = {}
     values: dict = {}
+    flags = flag_values(cls, args)
     if config_file is not None or data is not None:
         file_data = load_config_file(config_file) if data is None else data
         where = str(config_file) if config_file is not None else "config"
         try:
             check_keys(cls, file_data, label=_label(cls))
+            fields = {f.name: f for f in dataclasses.fields(cls)}
+            for k in set(file_data) & set(flags) - set(overrides):  # a flag replaces it, but the file is still wrong
+                _check_rules(coerce(file_data[k], _hints(cls)[k], k), fields[k].metadata, k)  # (exit 0 until 12-07)
         except ConfigError as e:
             raise OpctError(f"{where}: {e}") from None
         values.update(file_data)
         source.update(dict.fromkeys(file_data, where))
-    flags = flag_values(cls, args)
     values.update(flags)
     source.update(dict.fromkeys(flags, "--"))
     values.update(overrides)

@@ -456,3 +456,16 @@ def test_threads_past_the_machines_cpus_and_devices_opct_has_no_path_for_are_ref
         assert cli_error(capsys, ["eval", "--model", "test", "--device", device, "--out", str(out)]) == \
             f"opct: error: --device {device}: opct runs on cpu, cuda or mps, not {device}"
     assert not out.exists()
+
+
+def test_a_bad_file_value_is_refused_even_when_a_flag_replaces_it(tmp_path, capsys):
+    """`max_new_tokens: eight` in a config with `--max-new-tokens 4` on the command line ran with exit status 0 and
+    no word of the file's error (2026-12-07): the file is checked whole, whatever the flags replace."""
+    bad = _yaml(tmp_path, "e.yaml", "max_new_tokens: eight\n")
+    assert cli_error(capsys, ["eval", "--model", "m", "--config", bad, "--max-new-tokens", "4", "--out",
+                              str(tmp_path / "e")]) == (f"opct: error: {bad}: max_new_tokens: must be an integer (got "
+                                                        "the string 'eight')")
+    exp = _yaml(tmp_path, "x.yaml", "name: x\nmodel: test\nseeds: abc\n")
+    assert cli_error(capsys, ["run", exp, "--seeds", "0"]).startswith(f"opct: error: {exp}: seeds: must be a list")
+    good = _yaml(tmp_path, "g.yaml", "max_steps: 5\n")  # a good value a flag replaces: the flag's
+    assert build_config(TrainConfig, None, good, max_steps=7).max_steps == 7
