@@ -105,6 +105,26 @@ def _json_object(path: Path, what: str) -> dict:
     return data
 
 
+def load_tokenizer(path: Path, trust_remote_code: bool = False):
+    """AutoTokenizer.from_pretrained(path); an OpctError naming config.json when that is what cannot be read (the
+    tokenizer reads it too: a value the model cannot be built from), else naming the tokenizer's files, with what
+    transformers looked for (its "... from one of:" and the list, not the cut-off first line)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - no tokenizer files, or ones it cannot be built from
+        try:
+            AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        except Exception as c:  # noqa: BLE001 - as load_policy says of a model that cannot be built
+            raise OpctError(f"{Path(path) / 'config.json'}: the model cannot be built from it "
+                            f"({type(c).__name__}: {first_line(c, 'no message')})") from None
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+        said = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
+        raise OpctError(f"{path}: cannot load the tokenizer (tokenizer.json, tokenizer_config.json: {said})") \
+            from None
+
+
 def check_weights(model_dir) -> None:
     folder = Path(model_dir)
     files = sorted(folder.glob("*.safetensors"))

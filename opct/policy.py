@@ -349,27 +349,21 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
     Remote code is off unless asked for: a model directory is data, and loading it must not run its Python. Asked
     for (only ever by an explicit command-line flag), a warning names the directory whose code will run.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     path = Path(model_dir)
     if trust_remote_code:
         print(f"opct: warning: --trust-remote-code: the Python code in {path} will run (only use it for a model "
               f"directory you trust)", file=sys.stderr)
     from opct.modeldir import (adapter_load_problem, check_adapter, check_adapter_loaded, check_device,
-                               check_finite_weights, check_loading_info, check_model_dir)
+                               check_finite_weights, check_loading_info, check_model_dir, load_tokenizer)
 
     check_model_dir(path)  # no config.json; damaged, truncated or pickle-only weights: an error naming the file
     check_dtype(dtype)
     device = check_device(device)
     if adapter is not None:
         check_adapter(adapter)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except Exception as e:  # noqa: BLE001 - no tokenizer files, or ones it cannot be built from
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
-        said = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]  # "... from one of:" and the list
-        raise OpctError(f"{path}: cannot load the tokenizer (tokenizer.json, tokenizer_config.json: {said})") \
-            from None
+    tokenizer = load_tokenizer(path, trust_remote_code)
     try:
         with hf_progress_bars(progress):
             model, info = AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, dtype=_DTYPES[dtype],
