@@ -100,8 +100,10 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
             print(f"opct train: {out} holds no checkpoint yet; starting the run over", file=sys.stderr)
             (out / "metrics.jsonl").unlink()
             shutil.rmtree(out / "tb", ignore_errors=True)
-        write_json_atomic(saved_path, asdict(config))
+        # inputs.json first: it marks a training run, so another rank's `_check_not_foreign`, reading the directory
+        # meanwhile, never finds a config.json without it (a DDP launch failed on that, 2026-12-07)
         write_json_atomic(inputs_path, inputs)
+        write_json_atomic(saved_path, asdict(config))
 
 
 def _check_not_foreign(out: Path, config: TrainConfig) -> None:
