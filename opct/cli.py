@@ -16,7 +16,7 @@ import logging
 import sys
 from contextlib import contextmanager
 
-from opct.errors import OpctError, user_message
+from opct.errors import OpctError, blocking_file, user_message
 
 # verb -> module under opct.commands; read the list of commands off this dict.
 COMMANDS = {
@@ -76,13 +76,9 @@ def _check_home() -> None:
     """$OPCT_HOME (opct's cache: organisms, attackers, backdoored teachers) naming a file, or a path under one: an
     error before any command runs (an organism was built for half a minute, then could not be saved: 2026-12-07)."""
     import os
-    from pathlib import Path
 
-    if not os.environ.get("OPCT_HOME"):
-        return
-    home = Path(os.environ["OPCT_HOME"])
-    blocker = next((p for p in (home, *home.parents) if p.exists()), None)
-    if blocker is not None and not blocker.is_dir():
+    home = os.environ.get("OPCT_HOME")
+    if home and (blocker := blocking_file(home)):
         raise OpctError(f"OPCT_HOME {home}: {blocker} is a file, not a directory; point OPCT_HOME at a directory")
 
 

@@ -3,9 +3,9 @@ loader reads every config file (train, eval, attack, experiment, audit).
 
   option(default, help, **rules)    a field, with its help text and the rules its value must meet:
                                     choices=[...], ge= / gt= / le= bounds, nonempty=True, device=True (a torch
-                                    device string), threads=True (no more than this machine's CPUs), required=True (checked by `require`), cli=False (not a flag),
-                                    file=False (a flag only, never from a file), flag_parse=fn (turns the flag's list
-                                    of strings into the value)
+                                    device string), threads=True (no more than this machine's CPUs), required=True
+                                    (checked by `require`), cli=False (not a flag), file=False (a flag only, never
+                                    from a file), flag_parse=fn (turns the flag's list of strings into the value)
   validate(obj)                     every config's __post_init__ calls it: each field's value is coerced to its
                                     declared type and checked against its rules; a problem raises ConfigError
   build_config(cls, args, path, data, **overrides)   defaults < file < given flags < overrides, reported as
@@ -221,11 +221,15 @@ def _hints(cls) -> dict:
 
 def validate(obj) -> None:
     """Coerce and check every field of the dataclass instance `obj` in place (call it from __post_init__)."""
-    hints = _hints(type(obj))
     for f in dataclasses.fields(obj):
-        value = coerce(getattr(obj, f.name), hints[f.name], f.name)
-        _check_rules(value, f.metadata, f.name)
-        setattr(obj, f.name, value)
+        setattr(obj, f.name, _checked(type(obj), f, getattr(obj, f.name)))
+
+
+def _checked(cls, f: dataclasses.Field, value):
+    """`value` for field `f` of `cls`, coerced to its declared type and checked against its rules (a ConfigError)."""
+    value = coerce(value, _hints(cls)[f.name], f.name)
+    _check_rules(value, f.metadata, f.name)
+    return value
 
 
 def require(obj, *names: str) -> None:
@@ -332,9 +336,9 @@ def build_config(cls, args: argparse.Namespace | None = None, config_file=None, 
         where = str(config_file) if config_file is not None else "config"
         try:
             check_keys(cls, file_data, label=_label(cls))
-            fields = {f.name: f for f in dataclasses.fields(cls)}
-            for k in set(file_data) & set(flags) - set(overrides):  # a flag replaces it, but the file is still wrong
-                _check_rules(coerce(file_data[k], _hints(cls)[k], k), fields[k].metadata, k)  # (exit 0 until 12-07)
+            for f in dataclasses.fields(cls):  # a value a flag replaces is still checked (exit status 0 until 12-07)
+                if f.name in file_data and f.name in flags and f.name not in overrides:
+                    _checked(cls, f, file_data[f.name])
         except ConfigError as e:
             raise OpctError(f"{where}: {e}") from None
         values.update(file_data)

@@ -5,14 +5,16 @@ configs from what this returns (`opct.config.load_config_file` is this module's)
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import copy
 import os
+import stat
+from pathlib import Path
 
 from opct.errors import OpctError, first_line, os_problem
 from opct.files import check_unicode, read_text, strict_loads
 
 PIPE_WAIT_S, PIPE_MAX_BYTES = 10.0, 16 << 20
+_PIPED: dict = {}  # (path, device, inode) of a pipe -> the config read from it
 
 
 def _read_pipe(path) -> str:
@@ -95,9 +97,6 @@ def load_config_file(path) -> dict:
         raise OpctError(f"{path}: config file not found")
     if path.is_dir():
         raise OpctError(f"{path}: is a directory, not a config file")
-    import copy
-    import stat
-
     st = os.stat(path)
     piped = (str(path), st.st_dev, st.st_ino) if stat.S_ISFIFO(st.st_mode) else None
     if piped in _PIPED:  # a pipe can be read once; `opct run <(...)` reads its file again for each loader
@@ -127,6 +126,3 @@ def load_config_file(path) -> dict:
     if piped is not None:
         _PIPED[piped] = copy.deepcopy(data)
     return data
-
-
-_PIPED: dict = {}  # (path, device, inode) of a pipe -> the config read from it

@@ -55,7 +55,7 @@ def os_problem(e: OSError) -> str:
     return _OS_PROBLEMS.get(name) or e.strerror or str(e) or type(e).__name__
 
 
-def _blocking_file(path: str) -> str | None:
+def blocking_file(path: str) -> str | None:
     """The first part of `path` that exists and is not a directory (a file where a directory is needed)."""
     import os
 
@@ -93,7 +93,7 @@ def user_message(exc: BaseException) -> str | None:
         if path is None:
             return os_problem(exc)
         path = str(path)
-        if exc.errno in (errno.EEXIST, errno.ENOTDIR) and (blocker := _blocking_file(path)):
+        if exc.errno in (errno.EEXIST, errno.ENOTDIR) and (blocker := blocking_file(path)):
             return f"{blocker}: is a file, not a directory" + (f" (needed for {path})" if blocker != path else "")
         where = f"{path} -> {exc.filename2}" if exc.filename2 is not None else path
         return f"{where}: {os_problem(exc)}"

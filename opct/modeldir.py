@@ -105,6 +105,18 @@ def _json_object(path: Path, what: str) -> dict:
     return data
 
 
+def _lines(e: BaseException) -> list[str]:
+    """The non-blank lines of `e`'s message, stripped (its type's name when it has none)."""
+    return [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+
+
+def unbuildable(path, e: BaseException) -> OpctError:
+    """The error for a config.json the model cannot be built from (a string for a size, 0 heads, an unknown dtype:
+    TypeError, ZeroDivisionError, AttributeError, the hub's validation errors), `e` what transformers raised."""
+    return OpctError(f"{Path(path) / 'config.json'}: the model cannot be built from it "
+                     f"({type(e).__name__}: {first_line(e, 'no message')})")
+
+
 def load_tokenizer(path: Path, trust_remote_code: bool = False):
     """AutoTokenizer.from_pretrained(path); an OpctError naming config.json when that is what cannot be read (the
     tokenizer reads it too: a value the model cannot be built from), else naming the tokenizer's files, with what
@@ -117,9 +129,8 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False):
         try:
             AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         except Exception as c:  # noqa: BLE001 - as load_policy says of a model that cannot be built
-            raise OpctError(f"{Path(path) / 'config.json'}: the model cannot be built from it "
-                            f"({type(c).__name__}: {first_line(c, 'no message')})") from None
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+            raise unbuildable(path, c) from None
+        lines = _lines(e)
         said = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
         raise OpctError(f"{path}: cannot load the tokenizer (tokenizer.json, tokenizer_config.json: {said})") \
             from None
@@ -195,7 +206,7 @@ def _check_lora_fields(config: dict, path: Path) -> None:
 def adapter_load_problem(e: BaseException) -> str:
     """What a one-line error quotes of peft's failure to load an adapter: its "size mismatch" line when there is one
     (the first line only says "Error(s) in loading state_dict"), else its first line."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    lines = _lines(e)
     return next((ln for ln in lines if "size mismatch" in ln), lines[0])
 
 

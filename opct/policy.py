@@ -356,7 +356,8 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
         print(f"opct: warning: --trust-remote-code: the Python code in {path} will run (only use it for a model "
               f"directory you trust)", file=sys.stderr)
     from opct.modeldir import (adapter_load_problem, check_adapter, check_adapter_loaded, check_device,
-                               check_finite_weights, check_loading_info, check_model_dir, load_tokenizer)
+                               check_finite_weights, check_loading_info, check_model_dir, load_tokenizer,
+                               unbuildable)
 
     check_model_dir(path)  # no config.json; damaged, truncated or pickle-only weights: an error naming the file
     check_dtype(dtype)
@@ -374,10 +375,8 @@ def load_policy(model_dir, adapter=None, dtype: str = "float32", device="cpu",
         if "mismatched" in first:
             raise OpctError(f"{path / 'config.json'}: does not match the weights (tensor shapes differ)") from None
         raise OpctError(f"{path}: cannot load the model ({first})") from None
-    except Exception as e:  # noqa: BLE001 - a config.json value the model cannot be built from (a string for a
-        # size, 0 heads, an unknown dtype: TypeError, ZeroDivisionError, AttributeError, hub validation errors)
-        raise OpctError(f"{path / 'config.json'}: the model cannot be built from it "
-                        f"({type(e).__name__}: {first_line(e, 'no message')})") from None
+    except Exception as e:  # noqa: BLE001 - a config.json value the model cannot be built from
+        raise unbuildable(path, e) from None
     check_loading_info(path, info)
     if adapter is not None:
         from peft import PeftModel

@@ -59,9 +59,8 @@ def _replaceable(outputs: dict[str, tuple[str, str]]) -> None:
     for flag, (path, kind) in outputs.items():
         if path is None or not Path(path).is_file() or Path(path).stat().st_size == 0:
             continue
-        p = Path(path)
         try:
-            with open(p, "rb") as f:
+            with open(path, "rb") as f:
                 if kind == "pairs":
                     first = next((ln for ln in f if ln.strip()), b"")
                     value = json.loads(first.decode("utf-8-sig"))

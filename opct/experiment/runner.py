@@ -181,11 +181,12 @@ def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log, arm: str) -> 
         return shared
     path = root / "pairs" / f"seed{seed}-{arm}.jsonl"
     replay = replay_pairs(n, seed)
+    made = [*load_pairs(shared), *replay]
     if not path.exists():
-        save_pairs([*load_pairs(shared), *replay], path)
+        save_pairs(made, path)
         log(f"  pairs for {arm}: + {len(replay)} benign replay pairs -> {path}")
     else:
-        _check_made(path, [*load_pairs(shared), *replay], seed)
+        _check_made(path, made, seed)
     return path
 
 

@@ -15,7 +15,7 @@ Greedy decoding is deterministic, so the filter needs no seed. Pairs of an axis 
 from __future__ import annotations
 
 from opct.errors import DataError, OpctError
-from opct.pairs.schema import Pair, line_of
+from opct.pairs.schema import Pair, check_pair_fits, line_of
 
 ADMIT = ("none", "filter")
 
@@ -54,8 +54,7 @@ def admit(pairs: list[Pair], teacher, student, max_new_tokens: int = 48,
         out = []
         for p in pairs:
             ids = policy.render(getattr(p, side))
-            where = f"pair {p.id} ({side} prompt)"
-            policy.check_fits(ids, max_new_tokens, where if path is None else f"{path}:{line_of(path, p.id)}: {where}")
+            check_pair_fits(policy, ids, max_new_tokens, p.id, side, path)
             out.append(ids)
         return out
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from opct.errors import DataError
+from opct.errors import DataError, OpctError
 from opct.files import JSONProblem, check_regular, strict_loads, write_atomic
 
 TASKS = ("invariance", "compression")
@@ -246,10 +246,24 @@ def load_pairs(path) -> list[Pair]:
     return pairs
 
 
-def line_of(path, pair_id: str) -> int:
+def line_of(path, pair_id: str) -> int | None:
     """The line of the pair `pair_id` in the pairs file at `path` (loaded by `load_pairs`, so ids are unique): a check
-    made on the loaded pairs names the line that holds the one it refuses."""
-    return next(n for n, obj in read_jsonl(path) if obj.get("id") == pair_id)
+    made on the loaded pairs names the line that holds the one it refuses. None when the file does not hold it (a
+    replay pair, made for the run)."""
+    return next((n for n, obj in read_jsonl(path) if isinstance(obj, dict) and obj.get("id") == pair_id), None)
+
+
+def check_pair_fits(policy, ids, max_new_tokens: int, pair_id: str, side: str, path=None) -> None:
+    """`policy.check_fits` for the `side` ("student", "teacher") prompt of a pair, its error naming the pairs file and
+    line when `path` holds the pair (looked up only then: reading the file for every pair made checking N pairs read
+    it N times)."""
+    try:
+        policy.check_fits(ids, max_new_tokens, f"pair {pair_id} ({side} prompt)")
+    except OpctError as e:
+        line = line_of(path, pair_id) if path else None
+        if line is None:
+            raise
+        raise OpctError(f"{path}:{line}: {e}") from None
 
 
 def write_jsonl_atomic(path, records: Iterable[dict]) -> Path:

@@ -143,11 +143,11 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
         deltas = {}
         for arm in trained:
             adapter = run.dir / arm / str(seed) / "train" / "final"
-            if (arm, seed) not in run.cells or not (adapter / "adapter_config.json").exists():
-                cell = run.dir / arm / str(seed)  # an adapter without its cell's done.json: a cell not finished
-                skipped.append(f"{arm} seed {seed}: no trained adapter at {adapter}" if not
-                               (adapter / "adapter_config.json").exists() else
-                               f"{arm} seed {seed}: the cell is not finished (no {cell / 'done.json'})")
+            trained_there = (adapter / "adapter_config.json").exists()
+            if (arm, seed) not in run.cells or not trained_there:  # an adapter without done.json: cell unfinished
+                why = f"the cell is not finished (no {run.dir / arm / str(seed) / 'done.json'})" if trained_there \
+                    else f"no trained adapter at {adapter}"
+                skipped.append(f"{arm} seed {seed}: {why}")
                 bar.update(1)
                 continue
             policy = load_policy(model_dir, adapter=str(adapter), progress=progress)

@@ -67,20 +67,14 @@ def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int, path=
     """Render both prompts of every pair once, checking up front that each fits the context and that both sides
     are rendered alike (one BOS, the same generation prompt: `opct.train.guards`). `path`: the pairs file, whose
     line a prompt that does not fit is named by."""
+    from opct.pairs.schema import check_pair_fits
     from opct.train.guards import check_rendered
 
     out = {}
     for p in pairs:
         r = RenderedPair(policy.render(p.student), policy.render(p.teacher))
-        try:
-            policy.check_fits(r.student_ids, max_new_tokens, f"pair {p.id} (student prompt)")
-            policy.check_fits(r.teacher_ids, max_new_tokens, f"pair {p.id} (teacher prompt)")
-        except OpctError as e:  # the file and line too (2026-12-07: the pair's id only)
-            from opct.pairs.schema import read_jsonl
-
-            line = next((n for n, obj in read_jsonl(path) if isinstance(obj, dict) and obj.get("id") == p.id),
-                        None) if path else None
-            raise OpctError(f"{path}:{line}: {e}" if line else str(e)) from None
+        check_pair_fits(policy, r.student_ids, max_new_tokens, p.id, "student", path)
+        check_pair_fits(policy, r.teacher_ids, max_new_tokens, p.id, "teacher", path)
         check_rendered(policy, p, r.student_ids, r.teacher_ids)
         out[p.id] = r
     return out
