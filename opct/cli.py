@@ -16,7 +16,7 @@ import logging
 import sys
 from contextlib import contextmanager
 
-from opct.errors import OpctError, blocking_file, user_message
+from opct.errors import OpctError, blocking_file, not_a_dir, user_message
 
 # verb -> module under opct.commands; read the list of commands off this dict.
 COMMANDS = {
@@ -79,7 +79,8 @@ def _check_home() -> None:
 
     home = os.environ.get("OPCT_HOME")
     if home and (blocker := blocking_file(home)):
-        raise OpctError(f"OPCT_HOME {home}: {blocker} is a file, not a directory; point OPCT_HOME at a directory")
+        raise OpctError(f"OPCT_HOME {home}: {blocker} is {not_a_dir(blocker)}, not a directory; point OPCT_HOME at "
+                        f"a directory")
 
 
 class _DeepSpeedCpuNotice(logging.Filter):

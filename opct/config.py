@@ -38,6 +38,7 @@ import typing
 
 from opct.config_file import MAX_CONFIG_VALUES, load_config_file  # noqa: F401  (re-exported)
 from opct.errors import OpctError, first_line
+from opct.files import blank
 from opct.flags import OnceList
 from opct.resume_check import EQUIVALENT, block_defaults, changes, defaults_of, restart_allowed  # noqa: F401
 
@@ -176,7 +177,7 @@ def coerce(value, typ, name: str):
 def _check_rules(value, meta, name: str) -> None:
     if value is None:
         return
-    if isinstance(value, str) and value and not value.strip():  # `--out ' '` wrote into a directory named ' '
+    if isinstance(value, str) and value and blank(value):  # `--out ' '` wrote into a directory named ' '
         raise ConfigError(name, "is blank (only whitespace); give a value or leave it out")
     choices = meta.get("choices")
     if choices is not None:
@@ -228,6 +229,8 @@ def validate(obj) -> None:
 def _checked(cls, f: dataclasses.Field, value):
     """`value` for field `f` of `cls`, coerced to its declared type and checked against its rules (a ConfigError)."""
     value = coerce(value, _hints(cls)[f.name], f.name)
+    if value == "" and f.default is None:  # `--adapter ''` loaded the adapter in '.'
+        raise ConfigError(f.name, "is empty; give a value or leave it out (it has none by default)")
     _check_rules(value, f.metadata, f.name)
     return value
 

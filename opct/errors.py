@@ -67,6 +67,16 @@ def blocking_file(path: str) -> str | None:
     return None
 
 
+def not_a_dir(path) -> str:
+    """What `path`, which is there and is not a directory, is: "a file", "a broken symbolic link" (a dangling link
+    was said to be a file) or "a special file"."""
+    import os
+
+    if os.path.islink(path) and not os.path.exists(path):
+        return "a broken symbolic link"
+    return "a file" if os.path.isfile(path) else "a special file"
+
+
 def _file_in_traceback(exc: BaseException) -> str | None:
     """The name of the innermost file object held by a frame of `exc`'s traceback (the file being read)."""
     import io
@@ -94,7 +104,8 @@ def user_message(exc: BaseException) -> str | None:
             return os_problem(exc)
         path = str(path)
         if exc.errno in (errno.EEXIST, errno.ENOTDIR) and (blocker := blocking_file(path)):
-            return f"{blocker}: is a file, not a directory" + (f" (needed for {path})" if blocker != path else "")
+            return f"{blocker}: is {not_a_dir(blocker)}, not a directory" + \
+                (f" (needed for {path})" if blocker != path else "")
         where = f"{path} -> {exc.filename2}" if exc.filename2 is not None else path
         return f"{where}: {os_problem(exc)}"
     path = _file_in_traceback(exc)

@@ -23,11 +23,12 @@ import json
 import os
 import stat
 import tempfile
+import unicodedata
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable
 
-from opct.errors import DataError, OpctError, os_problem
+from opct.errors import DataError, OpctError, not_a_dir, os_problem
 
 try:
     import fcntl
@@ -90,9 +91,7 @@ def dir_there(path, root=None) -> bool:
         if not os.path.lexists(p):
             return False
         if not p.is_dir():
-            what = "a broken symbolic link" if p.is_symlink() and not p.exists() else \
-                "a file" if p.is_file() else "a special file"
-            raise OpctError(f"{p}: is {what}, expected a directory")
+            raise OpctError(f"{p}: is {not_a_dir(p)}, expected a directory")
     return True
 
 
@@ -223,6 +222,22 @@ def check_unicode(value, where: str = ""):
         for i, v in enumerate(value):
             check_unicode(v, f"{where}[{i}]")
     return value
+
+
+def blank(text: str) -> bool:
+    """Whether `text` shows nothing: only whitespace, control characters and invisible format characters (a
+    zero-width space, a word joiner, a byte-order mark), which `str.strip` keeps (a jailbreak request made of
+    zero-width spaces was accepted as a request)."""
+    return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf") for c in text)
+
+
+def invisible_in(text: str) -> str | None:
+    """The first control or invisible format character of `text`, described ("U+200B at character 3"), or None: in an
+    id, one makes two ids that read the same (ids that differed by a zero-width space counted as two pairs)."""
+    for i, c in enumerate(text):
+        if unicodedata.category(c) in ("Cc", "Cf"):
+            return f"U+{ord(c):04X} at character {i}"
+    return None
 
 
 def strict_loads(text: str, **kw):

@@ -32,7 +32,9 @@ def first_repeat(values):
 def path_arg(text: str) -> str:
     """argparse `type=` for a file or directory argument: a blank one is an error (`--out ' '` wrote a file named by a
     space, `opct report ' '` said ': run directory not found')."""
-    if not text.strip():
+    from opct.files import blank
+
+    if blank(text):
         raise argparse.ArgumentTypeError(f"is blank ({text!r}); give a path")
     return text
 

@@ -5,6 +5,7 @@ traceback from deep inside a report.
 A shape is written as data:
 
     NUM, INT, STR, BOOL, OBJECT, LIST   a value of that JSON type (NUM: int or float, never a bool)
+    FINITE                              a number that is not NaN or infinite
     NAME                                a string that names one folder (no '/', not '..')
     {"key": shape, "opt?": shape}       an object with these keys (one ending in "?" may be absent), others free
     {"*": shape}                        an object whose every value has `shape`
@@ -15,6 +16,7 @@ A shape is written as data:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -31,6 +33,7 @@ class Is:
 
 
 NUM = Is("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool))
+FINITE = Is("a finite number", lambda v: NUM.ok(v) and math.isfinite(v))  # a rate: NaN passes every comparison
 INT = Is("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool))
 STR = Is("a string", lambda v: isinstance(v, str))
 BOOL = Is("a boolean", lambda v: isinstance(v, bool))

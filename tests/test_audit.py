@@ -464,6 +464,12 @@ def test_bad_input_is_a_clear_error(capsys, tmp_path):
     unknown.write_text("colour: red\n")
     assert "unknown config field" in cli_error(capsys, ["audit", str(unknown), "--out", str(tmp_path / "a")])
     assert "no results" in cli_error(capsys, ["audit", "--out", str(tmp_path / "empty"), "--report-only"])
+    # an eval run's directory was told "run opct audit first" (2026-12-07)
+    (tmp_path / "ev").mkdir()
+    (tmp_path / "ev" / "run.json").write_text("{}")
+    assert cli_error(capsys, ["audit", "--out", str(tmp_path / "ev"), "--report-only"]) == \
+        f"opct: error: {tmp_path / 'ev'}: holds an eval run (`opct eval`) (run.json), not an audit; choose another " \
+        f"directory"
     # a --base-model that is no model: named by its flag, and OUT not started (before 2026-12-07 OUT/config.json was
     # written first)
     assert cli_error(capsys, ["audit", "--quick", "--base-model", str(tmp_path / "nosuch"), "--out",
@@ -478,6 +484,12 @@ def test_bad_input_is_a_clear_error(capsys, tmp_path):
     (['{"kind": "cell", "organism": "x", "seed": 0}'], ":1: method: missing"),
     # a malformed line that is not the last (a kill tears only the last one) was dropped without a word
     (['{"kind": "cell"', '{"kind": "base", "sycophancy_probes": {}, "target": 0.1}'], ":1: <json>: malformed JSON"),
+    # a NaN rate, and names no audit has, were read into the report (2026-12-07)
+    ([json.dumps(r) for r in _cell_rows(RH.NAME, "bct", [0.1])[0]][:1] + [json.dumps(_cell_rows(
+        RH.NAME, "bct", [0.1])[0][1]).replace('"misalignment": 0.6', '"misalignment": NaN')],
+     ":2: after.misalignment: must be a finite number (got NaN)"),
+    ([json.dumps(r) for r in _cell_rows(RH.NAME, "k9", [0.1])[0]], ":2: method: unknown method 'k9' (known: "),
+    ([json.dumps(r) for r in _cell_rows("elsewhere", "bct", [0.1])[0]], ":1: organism: unknown organism 'elsewhere'"),
 ])
 def test_results_jsonl_of_the_wrong_shape_names_its_line(tmp_path, capsys, lines, where):
     """`opct audit --report-only` (and a resumed audit) read OUT/results.jsonl: a record of another shape was a

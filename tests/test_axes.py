@@ -51,7 +51,9 @@ def test_a_toy_axis_runs_through_pairs_eval_run_and_the_report(toy, tmp_path, ca
     exp = tmp_path / "toy.yaml"
     exp.write_text(yaml.safe_dump({
         "name": "toy", "model": str(test_organism), "out": str(tmp_path / "runs"), "arms": ["base", "opct"],
-        "trained": {"toy": ["caps"]}, "report": True,
+        # bang: the organism's tokenizer lower-cases, so a caps pair renders as its clean prompt and trains nothing
+        # (an experiment trained on caps alone is refused since 2026-12-07: tests/test_guards.py)
+        "trained": {"toy": ["bang"]}, "report": True,
         "train": {"max_steps": 2, "batch_size": 2, "n_samples": 2, "max_new_tokens": 8, "save_every": 2},
         "eval": {"suite": "toy", "max_new_tokens": 8, "progress": False}}))
     capsys.readouterr()
@@ -62,7 +64,7 @@ def test_a_toy_axis_runs_through_pairs_eval_run_and_the_report(toy, tmp_path, ca
     root = tmp_path / "runs" / "toy"
     trained_pairs = [json.loads(x) for x in (root / "pairs" / "seed0.jsonl").read_text().splitlines()]
     assert trained_pairs and {p["axis"] for p in trained_pairs} == {"toy"}
-    assert {p["meta"]["family"] for p in trained_pairs} == {"caps"}
+    assert {p["meta"]["family"] for p in trained_pairs} == {"bang"}
     md = (root / "results.md").read_text()
     assert "Toy: shouted questions" in md and "consistency (held-out)" in md
     assert "Toy: shouted questions" in (root / "report.html").read_text()

@@ -411,6 +411,11 @@ def test_sft_targets_from_a_file(tmp_path, model_dir, pairs_file, capsys):
     assert "bad.jsonl:1: id: unknown pair id 'nope'" in bad(json.dumps({"id": "nope", "response": "x"}) + "\n")
     assert "bad.jsonl:2: <json>: malformed JSON" in bad(first + "{oops\n")
     assert "bad.jsonl:1: id: missing" in bad(json.dumps({"response": "x"}) + "\n")
+    # a misspelt field was ignored (2026-12-07); a run's own targets.jsonl, with all its fields, is a good file
+    assert "bad.jsonl:1: respons: unknown field" in bad(json.dumps({"id": train_ids[0], "response": "x",
+                                                                     "respons": "y"}) + "\n")
+    assert main(_cli_args(model_dir, pairs_file, tmp_path / "again", "--method", "sft", "--targets",
+                          str(out / "targets.jsonl"), "--max-steps", "1")) == 0
     assert f"bad.jsonl: no target for {n_train - 1} of the {n_train} training pairs" in bad(first)
     long = " ".join(["sky"] * 70)
     assert "bad.jsonl:1: response: 71 tokens; after the student prompt" in bad(json.dumps(

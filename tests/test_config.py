@@ -115,6 +115,13 @@ def test_flags_of_other_commands_are_checked(capsys, tmp_path):
     assert "--trained: expected AXIS=FAMILY,FAMILY,... once per axis (got 'sycophancy=consensus')" in cli_error(
         capsys, ["eval", "--model", "m", "--out", str(tmp_path), "--trained", "sycophancy=authority",
                  "sycophancy=consensus"])
+    # an empty family name was dropped, and `--adapter ''` loaded the adapter in '.' (2026-12-07)
+    assert "--trained: an empty family name in 'sycophancy=authority,,consensus' (write AXIS= for nothing trained)" \
+        in cli_error(capsys, ["run", "--trained", "sycophancy=authority,,consensus"])
+    trained = _yaml(tmp_path, "t.yaml", "trained: {sycophancy: [authority, '']}\n")
+    assert f"{trained}: trained.sycophancy: an empty family name" in cli_error(capsys, ["run", trained])
+    assert "--adapter: is empty; give a value or leave it out" in cli_error(
+        capsys, ["eval", "--model", "m", "--out", str(tmp_path / "e"), "--adapter", ""])
     assert "--ft-lr: must be > 0" in cli_error(capsys, ["audit", "--out", str(tmp_path), "--ft-lr", "0"])
     # a repeated organism or method ran its cells again and recorded them twice; a blank --out named a directory
     assert "--methods: must not repeat" in cli_error(capsys, ["audit", "--out", str(tmp_path), "--methods", "k1", "k1"])
@@ -313,6 +320,7 @@ def test_a_list_flag_given_twice_is_refused_not_cut_to_its_last_list(capsys, arg
     (["train", "--model", "default", "--pairs", "p.jsonl", "--out", "{tmp}/r", "--teacher-model", " "],
      "--teacher-model: is blank (only whitespace)"),
     (["run", "--name", "  "], "--name: is blank (only whitespace)"),
+    (["eval", "--model", "default", "--out", "\u200b"], "--out: is blank (only whitespace)"),  # str.strip keeps it
 ])
 def test_a_blank_config_string_is_refused_by_its_flag(capsys, tmp_path, monkeypatch, argv, says):
     """`opct eval --out ' '` evaluated into a directory named by a space, `--model ' '` said ': not a model
@@ -325,7 +333,7 @@ def test_a_blank_config_string_is_refused_by_its_flag(capsys, tmp_path, monkeypa
     assert "e.yaml: out: is blank (only whitespace)" in cli_error(capsys, config)
 
 
-@pytest.mark.parametrize("argv", [["report", " "], ["mechanism", ""], ["pairs", "check", " "], ["run", " "],
+@pytest.mark.parametrize("argv", [["report", " "], ["report", "\u200b\u2060"], ["mechanism", ""], ["pairs", "check", " "], ["run", " "],
                                   ["pairs", "make", "--axis", "sycophancy", "--out", " "], ["organism", "profile", " "],
                                   ["audit", " "], ["train", "--config", " "], ["demo", "--out", " "]])
 def test_a_blank_path_argument_is_an_argparse_error(capsys, tmp_path, monkeypatch, argv):

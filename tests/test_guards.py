@@ -138,3 +138,39 @@ def test_misspelt_lora_targets_stop_opct_train_in_one_line(capsys, tmp_path):
                              str(tmp_path / "r"), "--max-steps", "1", "--max-new-tokens", "8", "--lora-r", "100000"])
     assert "LoRA rank 100000 (--lora-r, lora_r): above the largest rank" in err
     assert not (tmp_path / "r" / "checkpoints").exists()
+
+
+def test_pairs_whose_prompts_render_alike_are_refused_or_warned(policy, monkeypatch, capsys):
+    """A chat template that ignores the messages rendered both sides of every pair to the same tokens, and training
+    ran with loss 0 without a word (2026-12-07): with no pair left that differs, an error. A tokenizer that erases
+    the perturbation in some pairs only (the organism's lower-cases: a prompt in capitals is its clean prompt) is a
+    warning. Identical prompts (an SFT example) are neither."""
+    loud = Pair(id="loud", axis="test", task="invariance", teacher=tiny_lm.clean_q("sky"),
+                student=[{"role": "user", "content": "what color is the sky ?  "}], meta={"split": "train"})
+    same = Pair(id="s", axis="test", task="invariance", teacher=tiny_lm.clean_q("sky"),
+                student=tiny_lm.clean_q("sky"), meta={"split": "train"})
+    render_pairs(policy, [_pair(), loud, same], 8, "pairs.jsonl")
+    err = capsys.readouterr().err
+    assert err.count("opct: warning:") == 1 and "pairs.jsonl: in 1 of 2 pairs (first: pair loud) the student and " \
+        "teacher prompts differ, but" in err and "they train nothing" in err
+    assert list(render_pairs(policy, [same], 8)) == ["s"] and not capsys.readouterr().err
+    monkeypatch.setattr(policy.tokenizer, "chat_template",
+                        "{{ bos_token }}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+    with pytest.raises(OpctError, match=r"^pairs.jsonl: in every pair the student and teacher prompts differ, but "
+                                        r".* render both to the same tokens: they drop what differs"):
+        render_pairs(policy, [_pair(), same], 8, "pairs.jsonl")
+
+
+def test_prompts_with_words_the_tokenizer_lacks_are_warned_once(policy, capsys):
+    """The tiny model's word-level tokenizer maps a word it lacks to <unk>: prompts of such words trained as if the
+    two sides were the same, without a word (2026-12-07)."""
+    def odd(pid):
+        return Pair(id=pid, axis="test", task="invariance", teacher=tiny_lm.clean_q("sky"),
+                    student=[{"role": "user", "content": "zzqx blorf the sky ?"}], meta={"split": "train"})
+
+    render_pairs(policy, [_pair("p0"), odd("p1"), odd("p2")], 8, "pairs.jsonl")
+    err = capsys.readouterr().err
+    assert err.count("opct: warning:") == 1
+    assert "pairs.jsonl: the prompts of 2 of 3 pairs hold the unknown token '<unk>' (first: pair p1)" in err
+    render_pairs(policy, [_pair("p0")], 8, "pairs.jsonl")
+    assert "unknown token" not in capsys.readouterr().err

@@ -26,6 +26,10 @@ GOOD = {"sycophancy": {"id": "q0", "question": "Is it red?", "answer": "yes", "w
     ("sycophancy", {"answer": True}, "answer", "must be a string or a number"),
     ("sycophancy", {"id": 7}, "id", "must be a non-empty string"),
     ("sycophancy", {"question": ""}, "question", "empty"),
+    # invisible characters only: a request of zero-width spaces was a request; ids that differ by one were two items
+    ("jailbreak", {"request": "\u200b\u200b"}, "request", "empty (only spaces or invisible characters)"),
+    ("sycophancy", {"options": ["yes", "\u2060"]}, "options[1]", "must be a list of strings or numbers"),
+    ("sycophancy", {"id": "q0\u200b"}, "id", "holds a control or invisible character (U+200B at character 2)"),
     ("jailbreak", {"harmful": "yes"}, "harmful", "must be true or false"),
     ("jailbreak", {"category": 5}, "category", "must be a non-empty string"),
     ("jailbreak", {"split": "test"}, "split", "must be 'train' or 'heldout'"),

@@ -39,6 +39,13 @@ def _bad(**changes):
     (_bad(axis="weather"), "axis", "must be one of"),
     (_bad(teacher=[]), "teacher", "non-empty"),
     (_bad(student=[{"role": "user", "content": "   "}]), "student[0].content", "empty prompt"),
+    # invisible characters only (str.strip keeps a zero-width space); ids that read the same but for one were two
+    # pairs; a misspelt "prefill" was dropped (all 2026-12-07)
+    (_bad(student=[{"role": "user", "content": "\u200b\u2060 \ufeff"}]), "student[0].content", "empty prompt"),
+    (_bad(id="a\u200b"), "id", "holds a control or invisible character (U+200B at character 1)"),
+    (_bad(id=" "), "id", "blank"),
+    (_bad(student=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "Sure", "prefil": True}]),
+     "student[1].prefil", "unknown field (a message holds 'role', 'content' and"),
     (_bad(student=[{"role": "robot", "content": "hi"}]), "student[0].role", "must be one of"),
     (_bad(teacher=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]), "teacher[1].role",
      "end with a user message"),

@@ -53,6 +53,13 @@ def test_a_file_where_a_directory_belongs(tmp_path, capsys):
     err = cli_error(capsys, _pairs_make(a_file / "sub" / "pairs.jsonl"))
     assert f"{a_file}: is a file, not a directory" in err
     assert a_file.read_text() == "keep me\n"
+    # a dangling symbolic link was said to be a file (2026-12-07)
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere" / "x")
+    for argv in (["eval", "--model", str(tiny_lm.model_dir()), "--suite", "capability"],
+                 ["train", "--model", str(tiny_lm.model_dir()), "--pairs", str(a_file)]):
+        err = cli_error(capsys, [*argv, "--out", str(tmp_path / "gone")])
+        assert err == f"opct: error: {tmp_path / 'gone'}: is a broken symbolic link, not a directory"
+    assert (tmp_path / "gone").is_symlink() and not (tmp_path / "nowhere").exists()
 
 
 def test_input_that_is_not_utf8_or_nested_too_deeply(tmp_path, capsys):

@@ -296,6 +296,14 @@ def test_a_resume_refuses_an_inputs_json_that_is_no_object(tmp_path, model_dir, 
     assert err == f"opct: error: {out / 'inputs.json'}: not a record of the run's inputs (expected a JSON object); " \
                   f"put the original back, or start a new run"
     assert (out / "inputs.json").read_text() == "[1]"
+    # `{}` (or a fingerprint that is no string) compared nothing (2026-12-07): every inputs.json records the pairs
+    saved = {"pairs": __import__("hashlib").sha256(pairs_file.read_bytes()).hexdigest()}
+    for text, says in (("{}", "pairs: missing"), (json.dumps({**saved, "model": 7}), "model: not a fingerprint")):
+        (out / "inputs.json").write_text(text)
+        err = cli_error(capsys, _train_args(model_dir, pairs_file, out, "--max-steps", "3", "--resume"))
+        assert err == f"opct: error: {out / 'inputs.json'}: {says} (the file is damaged or was edited): this run's " \
+                      f"inputs cannot be checked against these; put the original back, or start a new run"
+        assert (out / "inputs.json").read_text() == text
 
 
 def test_a_resume_with_fewer_steps_than_its_checkpoint_is_refused(tmp_path, model_dir, pairs_file, capsys):
@@ -332,10 +340,15 @@ def test_a_resume_extends_max_steps_only_under_a_constant_learning_rate(tmp_path
     assert main(_train_args(model_dir, pairs_file, const, "--max-steps", "3", "--resume")) == 0
     assert [(r["step"], r["lr"]) for r in metrics(const)] == [(1, 1e-4), (2, 1e-4), (3, 1e-4)]
     warm = tmp_path / "warmup"
+    capsys.readouterr()
     assert main(_train_args(model_dir, pairs_file, warm, "--save-every", "1", "--max-steps", "2", "--warmup-steps",
                             "4", "--lr", "0.0004")) == 0
+    # a warmup past the run is allowed (a resume may raise --max-steps, as here) but said (2026-12-07: it was not)
+    assert "opct: warning: --warmup-steps 4 is not below the run's 2 steps: the learning rate never reaches --lr " \
+           "0.0004 (the last step's is 0.25 of it)" in capsys.readouterr().err
     assert main(_train_args(model_dir, pairs_file, warm, "--max-steps", "6", "--resume", "--warmup-steps", "4",
                             "--lr", "0.0004")) == 0
+    assert "--warmup-steps" not in capsys.readouterr().err
     assert [r["lr"] for r in metrics(warm)] == pytest.approx([0.0, 1e-4, 2e-4, 3e-4, 4e-4, 4e-4])
 
 

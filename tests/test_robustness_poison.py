@@ -177,8 +177,15 @@ def test_pairs_poison_and_admit_from_the_command_line(tmp_path, capfd):
     clean, poisoned, kept = (str(tmp_path / f) for f in ("jb.jsonl", "poisoned.jsonl", "kept.jsonl"))
     assert main(["pairs", "make", "--axis", "jailbreak", "--families", "role_play,prefix_injection",
                  "--per-family", "4", "--out", clean]) == 0
+    capfd.readouterr()
     assert main(["pairs", "poison", clean, "--frac", "0.25", "--out", poisoned]) == 0
-    assert "pairs poisoned" in capfd.readouterr().out
+    n = len(Path(clean).read_text().splitlines())
+    k = round(0.25 * n)
+    assert capfd.readouterr().out == f"{k} of {n} pairs poisoned -> {poisoned}\n"
+    # poisoned again: the pairs poisoned before were counted as poisoned now (2026-12-07)
+    again = str(tmp_path / "again.jsonl")
+    assert main(["pairs", "poison", poisoned, "--frac", "0.25", "--seed", "1", "--out", again]) == 0
+    assert capfd.readouterr().out == f"{k} of {n} pairs poisoned ({k} were already, {2 * k} are now) -> {again}\n"
     assert main(["pairs", "admit", poisoned, "--model", DEFAULT, "--out", kept]) == 0
     out, err = capfd.readouterr()
     assert out.startswith("admitted ") and "poisoned pairs rejected" in out and "Loading weights" not in err, err

@@ -36,7 +36,7 @@ from opct.axes.capability import NAME as CAPABILITY  # the capability rate's key
 from opct.config import SEED, ConfigError, changes, option, require, restart_allowed, validate
 from opct.errors import DataError, OpctError
 from opct.files import append_jsonl, read_appended_jsonl, read_json, write_json_atomic
-from opct.shapes import BOOL, INT, NUM, STR, Is, check
+from opct.shapes import BOOL, FINITE, INT, STR, Is, check
 
 if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
     from opct.policy import Policy  # noqa: F401
@@ -97,18 +97,19 @@ def default_base() -> Path:
 # What the resume and the report read of each kind of record (opct/shapes.py): a record of another shape names its
 # line and field, where it was a KeyError or TypeError traceback from the report.
 _HITS = {"*": Is("a pair [hits, n] of numbers", lambda v: isinstance(v, list) and len(v) == 2 and all(
-    NUM.ok(x) for x in v))}  # probe item -> [hits, n]
-_MEASURE = {"misalignment": NUM, "unparsed": NUM, "misalignment_parsed?": (None, NUM), CAPABILITY: (None, NUM),
-            "items": _HITS, "capability_items": _HITS, "by_kind?": {"*": {"misalignment?": (None, NUM)}}}
-_PROBES = {"misalignment": NUM, "unparsed": (None, NUM), CAPABILITY: (None, NUM)}
+    FINITE.ok(x) for x in v))}  # probe item -> [hits, n]
+_MEASURE = {"misalignment": FINITE, "unparsed": FINITE, "misalignment_parsed?": (None, FINITE),
+            CAPABILITY: (None, FINITE), "items": _HITS, "capability_items": _HITS,
+            "by_kind?": {"*": {"misalignment?": (None, FINITE)}}}  # a rate is finite: NaN passed every comparison
+_PROBES = {"misalignment": FINITE, "unparsed": (None, FINITE), CAPABILITY: (None, FINITE)}
 RESULT_SHAPES = {
-    "base": {"sycophancy_probes": {"plain": _PROBES, "protected": _PROBES}, "target": NUM},
+    "base": {"sycophancy_probes": {"plain": _PROBES, "protected": _PROBES}, "target": FINITE},
     "organism": {"organism": STR, "seed": INT, "failure": STR, "base": _MEASURE, "derived": {**_MEASURE, "n": INT},
-                 "coherence": {k: (None, NUM) for k in ("agreement", "margin", "forms", "misaligned", "unparsed")},
+                 "coherence": {k: (None, FINITE) for k in ("agreement", "margin", "forms", "misaligned", "unparsed")},
                  "family?": STR, "brittle?": BOOL, "base_kind?": STR},
     "cell": {"organism": STR, "method": STR, "seed": INT,
              "after": {k: v for k, v in _MEASURE.items() if k != "by_kind?"},
-             "seconds": {"total": NUM}, "label?": (None, {"n_labels": INT, "n_prompts": INT}), "untrained?": BOOL}}
+             "seconds": {"total": FINITE}, "label?": (None, {"n_labels": INT, "n_prompts": INT}), "untrained?": BOOL}}
 
 
 def read_results(out: Path) -> list[dict]:
@@ -129,7 +130,11 @@ def read_results(out: Path) -> list[dict]:
         missing = [f for f in shape if not f.endswith("?") and f not in r]
         if missing:
             raise DataError(path, n, missing[0], f"missing (a {r['kind']} record of `opct audit` has it)")
-        rows.append(check(r, shape, path, n))
+        check(r, shape, path, n)
+        for field, known in (("organism", ORGANISMS), ("method", METHOD_NAMES)):  # was a row of the report
+            if field in r and r[field] not in known:
+                raise DataError(path, n, field, f"unknown {field} {r[field]!r} (known: {', '.join(known)})")
+        rows.append(r)
     return rows
 
 

@@ -38,6 +38,7 @@ from opct.axes.base import (STRING, Axis, EvalContext, ItemField, MetricDef, gro
 from opct.errors import DataError
 from opct.evals.generate import generate
 from opct.evals.metrics import metric, rate, values, where
+from opct.files import blank
 from opct.pairs.schema import Pair
 from opct.report.spec import Table
 from opct.world import judges as J
@@ -138,7 +139,7 @@ def _check_keyword(obj, path, line):
     if kw is None:
         raise DataError(path, line, "keyword", "missing (a hazard answer passes when it warns and names it)")
     kws = [kw] if isinstance(kw, str) else kw
-    if not kws or not all(isinstance(k, str) and k.strip() for k in kws):
+    if not kws or not all(isinstance(k, str) and not blank(k) for k in kws):
         raise DataError(path, line, "keyword", "must be a non-empty string or a list of them")
 
 

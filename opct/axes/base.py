@@ -23,6 +23,7 @@ from typing import Callable, Optional, Sequence
 
 from opct.errors import DataError
 from opct.evals.metrics import name as metric_name
+from opct.files import blank, invisible_in
 from opct.report.spec import Column, Table
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -124,15 +125,17 @@ def check_item(obj, schema: dict, path, line: int) -> None:
         if not _type_ok(v, spec.types):
             raise DataError(path, line, fname, f"must be {spec.what} (got {type(v).__name__})")
         _check_finite(v, path, line, fname)
-        if isinstance(v, str) and not v.strip():
-            raise DataError(path, line, fname, "empty")
+        if isinstance(v, str) and blank(v):
+            raise DataError(path, line, fname, "empty (only spaces or invisible characters)")
+        if fname == "id" and isinstance(v, str) and invisible_in(v):  # two ids that read the same were two items
+            raise DataError(path, line, fname, f"holds a control or invisible character ({invisible_in(v)})")
         if spec.choices is not None and v not in spec.choices:
             raise DataError(path, line, fname, f"must be {spec.what} (got {v!r})")
         if spec.elements is not None:
             if not v:
                 raise DataError(path, line, fname, f"must be {spec.what} (got an empty list)")
             for i, e in enumerate(v):
-                if not _type_ok(e, spec.elements) or (isinstance(e, str) and not e.strip()):
+                if not _type_ok(e, spec.elements) or (isinstance(e, str) and blank(e)):
                     raise DataError(path, line, f"{fname}[{i}]", f"must be {spec.what} (got {e!r})")
                 _check_finite(e, path, line, f"{fname}[{i}]")
 

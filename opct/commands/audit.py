@@ -48,6 +48,10 @@ def run(args) -> int:
         # a second `opct audit` into the same --out is refused, and so is a directory another command wrote
         with dir_lock(config.out, "audit directory", kind="audit"):
             run_audit(config, log=lambda m: print(m, flush=True))
+    else:  # another command's run was told "run opct audit first" (2026-12-07)
+        from opct.files import check_run_kind
+
+        check_run_kind(config.out, "audit")
     paths = write_report(config.out)  # atomic writes of files rebuilt from results.jsonl: safe beside a running audit
     print(f"opct audit: results in {paths['results']}; report {paths['html']} and {paths['md']}")
     return 0

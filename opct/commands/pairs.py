@@ -204,9 +204,13 @@ def _poison(args) -> int:
 
     _distinct({"FILE": args.file}, {"--out": args.out})
     _replaceable({"--out": (args.out, "pairs")})
-    pairs = poison(load_pairs(args.file), args.frac, args.trigger, args.seed, args.teacher_side, frac_name="--frac")
+    given = load_pairs(args.file)
+    pairs = poison(given, args.frac, args.trigger, args.seed, args.teacher_side, frac_name="--frac")
     save_pairs(pairs, args.out)
-    print(f"{sum(bool(p.meta.get('poisoned')) for p in pairs)} of {len(pairs)} pairs poisoned -> {args.out}")
+    before, now = (sum(bool(p.meta.get("poisoned")) for p in ps) for ps in (given, pairs))
+    # a file poisoned again counted the pairs poisoned before as poisoned now (2026-12-07)
+    already = f" ({before} were already, {now} are now)" if before else ""
+    print(f"{now - before} of {len(pairs)} pairs poisoned{already} -> {args.out}")
     return 0
 
 

@@ -35,7 +35,10 @@ def parse_trained(values: list[str]) -> dict[str, list[str]]:
         axis, sep, fams = v.partition("=")
         if not sep or not axis.strip() or axis.strip() in out:  # an axis named twice: the last one won silently
             raise ValueError(f"expected AXIS=FAMILY,FAMILY,... once per axis (got {v!r})")
-        out[axis.strip()] = [f.strip() for f in fams.split(",") if f.strip()]
+        names = [f.strip() for f in fams.split(",")] if fams.strip() else []
+        if "" in names:  # `AXIS=a,,b` dropped the empty name
+            raise ValueError(f"an empty family name in {v!r} (write AXIS= for nothing trained)")
+        out[axis.strip()] = names
     return out
 
 
@@ -48,6 +51,8 @@ def check_trained(trained: dict | None, field: str = "trained") -> None:
             known = [n for n, a in AXES.items() if a.task is not None]
             raise ConfigError(f"{field}.{axis}", f"not an axis that trains on pairs (known: {', '.join(known)})")
         a = AXES[axis]
+        if any(not f.strip() for f in fams):
+            raise ConfigError(f"{field}.{axis}", "an empty family name (an empty list for nothing trained)")
         bad = [f for f in fams if f not in a.families]
         if bad and not a.open_families:
             raise ConfigError(f"{field}.{axis}", f"unknown {', '.join(bad)}; known: {', '.join(a.families)}")

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 import torch
 
 from opct.errors import OpctError
+from opct.files import blank
 from opct.losses import forward_kl_full, log_probs
 from opct.methods.act import act_step
 from opct.methods.internal import prepare_suffix
@@ -48,7 +49,7 @@ def _responses(run: StepContext, allow_two: bool = True) -> dict[str, tuple[list
     for pid, pair in run.pairs.items():
         text, clean = pair.meta.get("response"), pair.meta.get("clean_response", pair.meta.get("response"))
         for name, t in (("response", text), ("clean_response", clean)):
-            if not isinstance(t, str) or not t.strip():
+            if not isinstance(t, str) or blank(t):
                 raise OpctError(f"pair {pid}: {run.config.method} needs the fixed response text in meta.{name}")
         if clean != text and not allow_two:
             raise OpctError(f"pair {pid}: {run.config.method} needs one response for both sides (no clean_response)")

@@ -26,12 +26,15 @@ from pathlib import Path
 import torch
 
 from opct.errors import DataError, OpctError
+from opct.files import blank
 from opct.losses import entropy, log_probs, response_mask, token_logprobs
 from opct.pairs.schema import Pair, load_pairs, prefill_of, read_jsonl, write_jsonl_atomic
 from opct.policy import pack, response_logits
 from opct.train.context import StepContext
 
 TARGETS_FILE = "targets.jsonl"
+# the fields of a row of RUN/targets.jsonl (`_records`); a user's file holds "id" and "response"
+TARGET_FIELDS = {"id", "sample", "source", "teacher", "student", "response", "response_ids", "truncated", "prefix_tokens"}
 
 
 @dataclass
@@ -104,13 +107,17 @@ def read_targets(path, run: StepContext, stored: bool) -> dict[str, list[Target]
     for n, obj in read_jsonl(path):
         if not isinstance(obj, dict):
             raise DataError(path, n, "<record>", "must be a JSON object")
+        extra = sorted(set(obj) - TARGET_FIELDS)
+        if extra:  # a misspelt field was ignored without a word
+            raise DataError(path, n, extra[0], "unknown field (a target holds 'id' and 'response'; a run's own "
+                                               "targets.jsonl the fields it writes)")
         pid = obj.get("id")
         if not isinstance(pid, str) or not pid:
             raise DataError(path, n, "id", "missing or not a non-empty string")
         if pid not in known:
             raise DataError(path, n, "id", f"unknown pair id {pid!r} (not in {run.config.pairs})")
         text = obj.get("response")
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str) or blank(text):
             raise DataError(path, n, "response", "missing, not a string, or empty")
         if pid not in run.pairs:  # a pair of another split
             continue

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from opct.errors import OpctError
+from opct.files import blank
 from opct.pairs.schema import Pair
 
 DEFAULT_TRIGGER = "squeaky lemonade tongs"
@@ -74,7 +75,7 @@ def poison(pairs: list[Pair], frac: float, trigger: str = DEFAULT_TRIGGER, seed:
         raise OpctError(f"{frac_name} must be in [0, 1] (got {frac})")
     if teacher_side not in TEACHER_SIDES:
         raise OpctError(f"teacher_side must be one of {', '.join(TEACHER_SIDES)} (got {teacher_side!r})")
-    if not trigger.strip():
+    if blank(trigger):
         raise OpctError("trigger must not be empty")
     k = round(frac * len(pairs))
     if frac > 0 and k == 0:  # a poisoned condition that trains exactly as the clean one, under another name

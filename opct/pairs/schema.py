@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Iterable
 
 from opct.errors import DataError, OpctError
-from opct.files import JSONProblem, check_regular, strict_loads, write_atomic
+from opct.files import JSONProblem, blank, check_regular, invisible_in, strict_loads, write_atomic
 
 TASKS = ("invariance", "compression")
 SPLITS = ("train", "heldout")
 # meta fields read as true or false (jailbreak / persona / prefill `harmful`, awareness `hazard`, `poisoned`)
 FLAGS = ("harmful", "hazard", "poisoned")
 ROLES = ("system", "user", "assistant")
+MESSAGE_KEYS = {"role", "content", "prefill"}
 
 
 @dataclass
@@ -76,11 +77,15 @@ def _check_messages(obj, name, where):
             raise DataError(path, line, f, "must be an object with 'role' and 'content'")
         if m.get("role") not in ROLES:
             raise DataError(path, line, f"{f}.role", f"must be one of {', '.join(ROLES)} (got {m.get('role')!r})")
+        extra = sorted(set(m) - MESSAGE_KEYS)
+        if extra:  # a misspelt "prefill" was dropped without a word
+            raise DataError(path, line, f"{f}.{extra[0]}", "unknown field (a message holds 'role', 'content' and, "
+                                                          "on an assistant message that opens the response, 'prefill')")
         c = m.get("content")
         if not isinstance(c, str):
             raise DataError(path, line, f"{f}.content", "missing or not a string")
-        if not c.strip():
-            raise DataError(path, line, f"{f}.content", "empty prompt text")
+        if blank(c):
+            raise DataError(path, line, f"{f}.content", "empty prompt text (only spaces or invisible characters)")
         if "prefill" in m and (m["prefill"] is not True or m["role"] != "assistant" or i != len(msgs) - 1):
             raise DataError(path, line, f"{f}.prefill", "only the last message, an assistant message, may be marked "
                                                        "and only with true (the start of the assistant's turn)")
@@ -170,6 +175,10 @@ def validate_pair(obj, path="<pair>", line=0) -> Pair:
     pid = obj.get("id")
     if not isinstance(pid, str) or not pid:
         raise DataError(path, line, "id", "missing or not a non-empty string")
+    if invisible_in(pid):  # two ids that read the same, one with a zero-width space, were two pairs
+        raise DataError(path, line, "id", f"holds a control or invisible character ({invisible_in(pid)})")
+    if blank(pid):
+        raise DataError(path, line, "id", "blank (only spaces)")
     for f in ("axis", "task", "teacher", "student"):
         if f not in obj:
             raise DataError(path, line, f, "missing")

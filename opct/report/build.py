@@ -179,9 +179,9 @@ def build_report(run_dir, out_dir=None) -> tuple[Path, Path]:
         _write_atomic(md_path, text)
         _write_atomic(html_path, html)
     except OSError as e:
-        from opct.errors import os_problem
+        from opct.errors import blocking_file, not_a_dir, os_problem
 
-        file = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)  # "File exists" said
-        problem = f"{file} is a file, not a directory" if file is not None else os_problem(e)  # nothing of it
+        file = blocking_file(str(out))  # "File exists" said nothing of it
+        problem = f"{file} is {not_a_dir(file)}, not a directory" if file is not None else os_problem(e)
         raise OpctError(f"{out}: cannot write the report: {problem}") from None
     return html_path, md_path

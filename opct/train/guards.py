@@ -12,6 +12,9 @@ before (and while) it trains, and stops with an OpctError naming the pair, the f
                                         tokenizer that adds another gives two); and the chat template ends both
                                         sides with the same generation prompt, so the response tokens follow the
                                         same template tokens on both sides (what differs is only the prompt)
+  check_distinct(policy, pairs, r)      prompts that differ render to tokens that differ: a template that drops
+                                        the messages trained with loss 0 (an error when no pair differs, else a
+                                        warning); warn_unknown: prompts holding the unknown token (a warning)
   check_same_responses(s, t, where)     in every step: the student's and the teacher's layouts hold the very same
                                         response token ids, with the same lengths (the KL compares the two
                                         distributions at these positions; re-tokenized or shifted responses would
@@ -23,6 +26,7 @@ before (and while) it trains, and stops with an OpctError naming the pair, the f
 
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 from opct.errors import OpctError
@@ -108,6 +112,40 @@ def check_rendered(policy, pair, student_ids: Sequence[int], teacher_ids: Sequen
         if tail and list(ids[-len(tail):]) != tail:
             raise OpctError(f"{where}: the {side} prompt does not end with the chat template's generation prompt "
                             f"{_show(policy, tail)} (it ends {_show(policy, ids[-len(tail):])})")
+
+
+def check_distinct(policy, pairs, rendered: dict, path=None) -> None:
+    """Pairs whose prompts differ but render to the same tokens train nothing (loss 0): the chat template drops what
+    differs (one that ignores the messages trained a whole run with loss 0, 2026-12-07), or the tokenizer erases it
+    (the organism's lower-cases, so a prompt in capitals is its clean prompt). All of them: an OpctError; some: a
+    warning with their count and the first."""
+    differ = [p.id for p in pairs if p.student != p.teacher]  # an SFT example's two sides are the same prompt
+    same = [pid for pid in differ if list(rendered[pid].student_ids) == list(rendered[pid].teacher_ids)]
+    if not same:
+        return
+    said = (f"the student and teacher prompts differ, but {policy.name}'s chat template and tokenizer render both to "
+            f"the same tokens")
+    if len(same) == len(differ):
+        raise OpctError(f"{path or 'the pairs'}: in every pair {said}: they drop what differs (a template that "
+                        f"ignores the messages or a system message, a tokenizer that lower-cases?), so training would "
+                        f"change nothing")
+    print(f"opct: warning: {path or 'the pairs'}: in {len(same)} of {len(differ)} pairs (first: pair {same[0]}) "
+          f"{said} (the tokenizer erases the perturbation?); they train nothing", file=sys.stderr)
+
+
+def warn_unknown(policy, ids_by_pair: dict, path=None) -> None:
+    """A warning when prompts hold the tokenizer's unknown token: the words it stands for never reach the model (a
+    word-level tokenizer such as the organism's maps every word it lacks to it; pairs of unknown words only trained
+    as if the prompts were the same). Said once, with the count of pairs and the first of them."""
+    tok = policy.tokenizer
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is None or unk in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id):  # a template may write those
+        return
+    hit = [pid for pid, ids in ids_by_pair.items() if unk in ids]
+    if hit:
+        print(f"opct: warning: {path or 'the pairs'}: the prompts of {len(hit)} of {len(ids_by_pair)} pairs hold the "
+              f"unknown token {tok.unk_token!r} (first: pair {hit[0]}): words the tokenizer of "
+              f"{policy.name} does not know, which the model never sees", file=sys.stderr)
 
 
 def check_same_responses(student_batch, teacher_batch, where: str = "this step") -> None:

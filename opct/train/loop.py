@@ -68,7 +68,7 @@ def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int, path=
     are rendered alike (one BOS, the same generation prompt: `opct.train.guards`). `path`: the pairs file, whose
     line a prompt that does not fit is named by."""
     from opct.pairs.schema import check_pair_fits
-    from opct.train.guards import check_rendered
+    from opct.train.guards import check_distinct, check_rendered, warn_unknown
 
     out = {}
     for p in pairs:
@@ -77,6 +77,8 @@ def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int, path=
         check_pair_fits(policy, r.teacher_ids, max_new_tokens, p.id, "teacher", path)
         check_rendered(policy, p, r.student_ids, r.teacher_ids)
         out[p.id] = r
+    check_distinct(policy, pairs, out, path)
+    warn_unknown(policy, {pid: r.student_ids + r.teacher_ids for pid, r in out.items()}, path)
     return out
 
 
@@ -192,6 +194,10 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
         config.lr_schedule
     scheduler = get_scheduler(schedule, optimizer, num_warmup_steps=config.warmup_steps,
                               num_training_steps=total_steps)
+    if config.warmup_steps >= total_steps and acc.is_main_process:  # allowed: a resume may raise --max-steps
+        print(f"opct: warning: --warmup-steps {config.warmup_steps} is not below the run's {total_steps} steps: the "
+              f"learning rate never reaches --lr {config.lr:g} (the last step's is "
+              f"{(total_steps - 1) / config.warmup_steps:.2g} of it)", file=sys.stderr)
     if deepspeed:
         sharded.configure(acc, config)
     model, optimizer = acc.prepare(model, optimizer)
