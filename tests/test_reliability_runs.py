@@ -129,12 +129,12 @@ def test_the_audit_loses_no_record_after_a_torn_line(tmp_path):
     from opct.audit.run import _append, read_results
 
     m = {"misalignment": 0.5, "unparsed": 0.0, "capability": 1.0, "items": {}, "capability_items": {}}  # its shape
-    _append(tmp_path, {"kind": "organism", "organism": "a", "seed": 0, "failure": "f", "base": m,
+    _append(tmp_path, {"kind": "organism", "organism": "sycophancy", "seed": 0, "failure": "f", "base": m,
                        "derived": {**m, "n": 4},
                        "coherence": dict.fromkeys(("agreement", "margin", "forms", "misaligned", "unparsed"))})
     with open(tmp_path / "results.jsonl", "a") as f:
         f.write('{"kind": "before", "orga')
-    _append(tmp_path, {"kind": "cell", "organism": "a", "method": "k1", "seed": 0, "after": m,
+    _append(tmp_path, {"kind": "cell", "organism": "sycophancy", "method": "k1", "seed": 0, "after": m,
                        "seconds": {"total": 1.0}})
     assert [r["kind"] for r in read_results(tmp_path)] == ["organism", "cell"]
 

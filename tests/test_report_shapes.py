@@ -147,10 +147,10 @@ def _measure(**over):
 
 
 def _audit(tmp_path, organism=None, cell=None):
-    org = {"kind": "organism", "organism": "sycophantic", "seed": 0, "failure": "f", "base": _measure(),
+    org = {"kind": "organism", "organism": "sycophancy", "seed": 0, "failure": "f", "base": _measure(),
            "derived": _measure(), "coherence": {k: 0.5 for k in ("agreement", "margin", "forms", "misaligned",
                                                                   "unparsed")}}
-    c = {"kind": "cell", "organism": "sycophantic", "method": "bct", "seed": 0, "after": _measure(misalignment=0.3),
+    c = {"kind": "cell", "organism": "sycophancy", "method": "bct", "seed": 0, "after": _measure(misalignment=0.3),
          "label": None, "seconds": {"total": 1.0}}
     lines = [{**org, **(organism or {})}, {**c, **(cell or {})}]
     _write(tmp_path / "results.jsonl", "".join(json.dumps(r) + "\n" for r in lines))
@@ -161,10 +161,10 @@ def _audit(tmp_path, organism=None, cell=None):
     (None, {"label": "x"}, ":2: label: must be an object or null (got \"x\")"),
     (None, {"label": {"n_labels": 3}}, ":2: label.n_prompts: missing"),
     (None, {"after": _measure(items={"i": [1]})}, ":2: after.items.i: must be a pair [hits, n] of numbers"),
-    (None, {"after": _measure(unparsed=None)}, ":2: after.unparsed: must be a number (got null)"),
+    (None, {"after": _measure(unparsed=None)}, ":2: after.unparsed: must be a finite number (got null)"),
     (None, {"seconds": {}}, ":2: seconds.total: missing"),
     ({"derived": _measure(n=None)}, None, ":1: derived.n: must be an integer (got null)"),
-    ({"coherence": {"agreement": "high"}}, None, ":1: coherence.agreement: must be a number or null"),
+    ({"coherence": {"agreement": "high"}}, None, ":1: coherence.agreement: must be a finite number or null"),
     ({"base": {**_measure(), "by_kind": []}}, None, ":1: base.by_kind: must be an object (got [])"),
     ({"kind": "base", "sycophancy_probes": {}, "target": 0.1}, None, ":1: sycophancy_probes.plain: missing"),
 ])
@@ -188,7 +188,7 @@ def test_audit_results_of_the_wrong_shape_name_the_line_and_field(tmp_path, caps
 ])
 def test_audit_candidates_of_the_wrong_shape_name_the_line_and_field(tmp_path, capsys, record, expected):
     _audit(tmp_path)
-    path = tmp_path / "cells" / "sycophantic" / "bct" / "seed0" / "candidates.jsonl"
+    path = tmp_path / "cells" / "sycophancy" / "bct" / "seed0" / "candidates.jsonl"
     _write(path, json.dumps(record) + "\n")
     err = cli_error(capsys, ["audit", "--out", str(tmp_path), "--report-only"])
     assert err.startswith(f"opct: error: {path}{expected}"), err
