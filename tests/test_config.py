@@ -333,7 +333,8 @@ def test_a_blank_config_string_is_refused_by_its_flag(capsys, tmp_path, monkeypa
     assert "e.yaml: out: is blank (only whitespace)" in cli_error(capsys, config)
 
 
-@pytest.mark.parametrize("argv", [["report", " "], ["report", "\u200b\u2060"], ["mechanism", ""], ["pairs", "check", " "], ["run", " "],
+@pytest.mark.parametrize("argv", [["report", " "], ["report", "\u200b\u2060"], ["mechanism", ""],
+                                  ["pairs", "check", " "], ["run", " "],
                                   ["pairs", "make", "--axis", "sycophancy", "--out", " "], ["organism", "profile", " "],
                                   ["audit", " "], ["train", "--config", " "], ["demo", "--out", " "]])
 def test_a_blank_path_argument_is_an_argparse_error(capsys, tmp_path, monkeypatch, argv):

@@ -154,6 +154,8 @@ def test_pairs_whose_prompts_render_alike_are_refused_or_warned(policy, monkeypa
     assert err.count("opct: warning:") == 1 and "pairs.jsonl: in 1 of 2 pairs (first: pair loud) the student and " \
         "teacher prompts differ, but" in err and "they train nothing" in err
     assert list(render_pairs(policy, [same], 8)) == ["s"] and not capsys.readouterr().err
+    render_pairs(policy, [_pair(), loud, same], 8, "pairs.jsonl", warn=False)  # a rank other than the main one
+    assert not capsys.readouterr().err
     monkeypatch.setattr(policy.tokenizer, "chat_template",
                         "{{ bos_token }}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
     with pytest.raises(OpctError, match=r"^pairs.jsonl: in every pair the student and teacher prompts differ, but "

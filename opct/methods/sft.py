@@ -34,7 +34,8 @@ from opct.train.context import StepContext
 
 TARGETS_FILE = "targets.jsonl"
 # the fields of a row of RUN/targets.jsonl (`_records`); a user's file holds "id" and "response"
-TARGET_FIELDS = {"id", "sample", "source", "teacher", "student", "response", "response_ids", "truncated", "prefix_tokens"}
+TARGET_FIELDS = {"id", "sample", "source", "teacher", "student", "response", "response_ids", "truncated",
+                 "prefix_tokens"}
 
 
 @dataclass

@@ -114,7 +114,7 @@ def check_rendered(policy, pair, student_ids: Sequence[int], teacher_ids: Sequen
                             f"{_show(policy, tail)} (it ends {_show(policy, ids[-len(tail):])})")
 
 
-def check_distinct(policy, pairs, rendered: dict, path=None) -> None:
+def check_distinct(policy, pairs, rendered: dict, path=None, warn: bool = True) -> None:
     """Pairs whose prompts differ but render to the same tokens train nothing (loss 0): the chat template drops what
     differs (one that ignores the messages trained a whole run with loss 0, 2026-12-07), or the tokenizer erases it
     (the organism's lower-cases, so a prompt in capitals is its clean prompt). All of them: an OpctError; some: a
@@ -129,8 +129,9 @@ def check_distinct(policy, pairs, rendered: dict, path=None) -> None:
         raise OpctError(f"{path or 'the pairs'}: in every pair {said}: they drop what differs (a template that "
                         f"ignores the messages or a system message, a tokenizer that lower-cases?), so training would "
                         f"change nothing")
-    print(f"opct: warning: {path or 'the pairs'}: in {len(same)} of {len(differ)} pairs (first: pair {same[0]}) "
-          f"{said} (the tokenizer erases the perturbation?); they train nothing", file=sys.stderr)
+    if warn:
+        print(f"opct: warning: {path or 'the pairs'}: in {len(same)} of {len(differ)} pairs (first: pair {same[0]}) "
+              f"{said} (the tokenizer erases the perturbation?); they train nothing", file=sys.stderr)
 
 
 def warn_unknown(policy, ids_by_pair: dict, path=None) -> None:

@@ -63,10 +63,11 @@ def select_pairs(config: TrainConfig) -> list[Pair]:
     return chosen
 
 
-def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int, path=None) -> dict[str, RenderedPair]:
+def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int, path=None,
+                 warn: bool = True) -> dict[str, RenderedPair]:
     """Render both prompts of every pair once, checking up front that each fits the context and that both sides
     are rendered alike (one BOS, the same generation prompt: `opct.train.guards`). `path`: the pairs file, whose
-    line a prompt that does not fit is named by."""
+    line a prompt that does not fit is named by. `warn`: say the guards' warnings (the main process of several)."""
     from opct.pairs.schema import check_pair_fits
     from opct.train.guards import check_distinct, check_rendered, warn_unknown
 
@@ -77,8 +78,9 @@ def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int, path=
         check_pair_fits(policy, r.teacher_ids, max_new_tokens, p.id, "teacher", path)
         check_rendered(policy, p, r.student_ids, r.teacher_ids)
         out[p.id] = r
-    check_distinct(policy, pairs, out, path)
-    warn_unknown(policy, {pid: r.student_ids + r.teacher_ids for pid, r in out.items()}, path)
+    check_distinct(policy, pairs, out, path, warn)
+    if warn:
+        warn_unknown(policy, {pid: r.student_ids + r.teacher_ids for pid, r in out.items()}, path)
     return out
 
 
@@ -168,7 +170,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     model_dir = resolve(config.model)[0]
     policy = load_policy(model_dir, device=acc.device, trust_remote_code=config.trust_remote_code,
                          progress=config.progress)
-    prompts = render_pairs(policy, pairs, config.max_new_tokens, config.pairs)
+    prompts = render_pairs(policy, pairs, config.max_new_tokens, config.pairs, warn=acc.is_main_process)
     model, teacher = student_and_teacher(policy.model, config)
     if config.teacher_model:
         teacher = separate_teacher(policy, config, acc.device)
