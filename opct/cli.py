@@ -55,9 +55,11 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from opct.pairs.schema import special_said_once
+
     try:
         _check_home()
-        with _global_state_restored(args.command in TORCH_COMMANDS):
+        with _global_state_restored(args.command in TORCH_COMMANDS), special_said_once():
             rc = args.func(args)
     except KeyboardInterrupt:
         print("opct: interrupted", file=sys.stderr)

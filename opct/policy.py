@@ -88,11 +88,11 @@ class HFPolicy:
                 f"{name}: the tokenizer has no chat template, so chat messages cannot be rendered; set "
                 f"`tokenizer.chat_template` to a Jinja template and save it with `tokenizer.save_pretrained({name!r})` "
                 f"(or add a \"chat_template\" entry to its tokenizer_config.json)")
-        from opct.pairs.schema import special_texts
+        from opct.pairs.schema import said_specials, special_texts
 
         self.model, self.tokenizer, self.name = model, tokenizer, name
-        self._special_texts = special_texts(tokenizer)
-        self._special_seen: set[str] = set(meant_special)  # special tokens' texts said (or meant) inside a message
+        self._special_texts = tuple(t for t in special_texts(tokenizer) if t not in meant_special)
+        self._special_seen = said_specials(name)  # special tokens' texts said inside a message (per command)
         self.render([{"role": "user", "content": "?"}])  # a template that does not compile: said here, once
         eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)

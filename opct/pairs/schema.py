@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -150,6 +151,28 @@ def special_text_in(messages: list[dict], texts: tuple[str, ...]) -> tuple[str, 
                 if t in content:
                     return t, content
     return None
+
+
+# The special tokens' texts already said, per model name, for a whole command (`special_said_once`, which
+# `opct.cli.main` opens): an experiment loads a policy per cell and said each once per cell. None: outside a command,
+# each policy keeps its own set.
+_SAID: dict[str, set[str]] | None = None
+
+
+@contextmanager
+def special_said_once():
+    """Within the block, every policy of one model shares the set of special tokens' texts said (`said_specials`)."""
+    global _SAID
+    outer, _SAID = _SAID, ({} if _SAID is None else _SAID)
+    try:
+        yield
+    finally:
+        _SAID = outer
+
+
+def said_specials(name: str) -> set[str]:
+    """The set of special tokens' texts said for the model `name`: the command's, or a new one outside a command."""
+    return set() if _SAID is None else _SAID.setdefault(name, set())
 
 
 def warn_special_text(name: str, messages: list[dict], texts: tuple[str, ...], seen: set[str]) -> None:
