@@ -231,12 +231,12 @@ def blank(text: str) -> bool:
     return all(c.isspace() or unicodedata.category(c) in ("Cc", "Cf") for c in text)
 
 
-def invisible_in(text: str) -> str | None:
-    """The first control or invisible format character of `text`, described ("U+200B at character 3"), or None: in an
-    id, one makes two ids that read the same (ids that differed by a zero-width space counted as two pairs)."""
+def id_problem(text: str) -> str | None:
+    """What is wrong with `text` as a pair's or item's id, or None: a control or invisible format character makes two
+    ids that read the same (ids that differed by a zero-width space counted as two pairs)."""
     for i, c in enumerate(text):
         if unicodedata.category(c) in ("Cc", "Cf"):
-            return f"U+{ord(c):04X} at character {i}"
+            return f"holds a control or invisible character (U+{ord(c):04X} at character {i})"
     return None
 
 

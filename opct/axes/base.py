@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 
 from opct.errors import DataError
 from opct.evals.metrics import name as metric_name
-from opct.files import blank, invisible_in
+from opct.files import blank, id_problem
 from opct.report.spec import Column, Table
 
 # ------------------------------------------------------------------------------------------------ metrics
@@ -127,8 +127,8 @@ def check_item(obj, schema: dict, path, line: int) -> None:
         _check_finite(v, path, line, fname)
         if isinstance(v, str) and blank(v):
             raise DataError(path, line, fname, "empty (only spaces or invisible characters)")
-        if fname == "id" and isinstance(v, str) and invisible_in(v):  # two ids that read the same were two items
-            raise DataError(path, line, fname, f"holds a control or invisible character ({invisible_in(v)})")
+        if fname == "id" and isinstance(v, str) and (problem := id_problem(v)):
+            raise DataError(path, line, fname, problem)
         if spec.choices is not None and v not in spec.choices:
             raise DataError(path, line, fname, f"must be {spec.what} (got {v!r})")
         if spec.elements is not None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable
 
 from opct.errors import DataError, OpctError
-from opct.files import JSONProblem, blank, check_regular, invisible_in, strict_loads, write_atomic
+from opct.files import JSONProblem, blank, check_regular, id_problem, strict_loads, write_atomic
 
 TASKS = ("invariance", "compression")
 SPLITS = ("train", "heldout")
@@ -198,8 +198,8 @@ def validate_pair(obj, path="<pair>", line=0) -> Pair:
     pid = obj.get("id")
     if not isinstance(pid, str) or not pid:
         raise DataError(path, line, "id", "missing or not a non-empty string")
-    if invisible_in(pid):  # two ids that read the same, one with a zero-width space, were two pairs
-        raise DataError(path, line, "id", f"holds a control or invisible character ({invisible_in(pid)})")
+    if problem := id_problem(pid):
+        raise DataError(path, line, "id", problem)
     if blank(pid):
         raise DataError(path, line, "id", "blank (only spaces)")
     for f in ("axis", "task", "teacher", "student"):

@@ -134,7 +134,7 @@ def check_distinct(policy, pairs, rendered: dict, path=None, warn: bool = True) 
               f"{said} (the tokenizer erases the perturbation?); they train nothing", file=sys.stderr)
 
 
-def warn_unknown(policy, ids_by_pair: dict, path=None) -> None:
+def warn_unknown(policy, rendered: dict, path=None) -> None:
     """A warning when prompts hold the tokenizer's unknown token: the words it stands for never reach the model (a
     word-level tokenizer such as the organism's maps every word it lacks to it; pairs of unknown words only trained
     as if the prompts were the same). Said once, with the count of pairs and the first of them."""
@@ -142,9 +142,9 @@ def warn_unknown(policy, ids_by_pair: dict, path=None) -> None:
     unk = getattr(tok, "unk_token_id", None)
     if unk is None or unk in (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id):  # a template may write those
         return
-    hit = [pid for pid, ids in ids_by_pair.items() if unk in ids]
+    hit = [pid for pid, r in rendered.items() if unk in r.student_ids or unk in r.teacher_ids]
     if hit:
-        print(f"opct: warning: {path or 'the pairs'}: the prompts of {len(hit)} of {len(ids_by_pair)} pairs hold the "
+        print(f"opct: warning: {path or 'the pairs'}: the prompts of {len(hit)} of {len(rendered)} pairs hold the "
               f"unknown token {tok.unk_token!r} (first: pair {hit[0]}): words the tokenizer of "
               f"{policy.name} does not know, which the model never sees", file=sys.stderr)
 

@@ -80,7 +80,7 @@ def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int, path=
         out[p.id] = r
     check_distinct(policy, pairs, out, path, warn)
     if warn:
-        warn_unknown(policy, {pid: r.student_ids + r.teacher_ids for pid, r in out.items()}, path)
+        warn_unknown(policy, out, path)
     return out
 
 

@@ -83,12 +83,12 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
             raise OpctError(f"{inputs_path}: not a record of the run's inputs (expected a JSON object); put the "
                             f"original back, or start a new run")
         # every opct that writes inputs.json records the pairs: `{}` compared nothing (2026-12-07)
-        bad = next((k for k, v in saved_inputs.items() if not isinstance(v, str)), None) or \
-            ("pairs" if "pairs" in inputs and "pairs" not in saved_inputs else None)
-        if bad is not None:
-            raise OpctError(f"{inputs_path}: {bad}: {'missing' if bad not in saved_inputs else 'not a fingerprint'} "
-                            f"(the file is damaged or was edited): this run's inputs cannot be checked against "
-                            f"these; put the original back, or start a new run")
+        problem = next((f"{k}: not a fingerprint" for k, v in saved_inputs.items() if not isinstance(v, str)), None)
+        if problem is None and "pairs" in inputs and "pairs" not in saved_inputs:
+            problem = "pairs: missing"
+        if problem is not None:
+            raise OpctError(f"{inputs_path}: {problem} (the file is damaged or was edited): this run's inputs cannot "
+                            f"be checked against these; put the original back, or start a new run")
         changed = changed_inputs(saved_inputs, inputs)
         if changed:
             names = ", ".join(_input_named(config, k) for k in changed)
