@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import os
 import stat
+from collections.abc import Hashable
 from pathlib import Path
 
 from opct.errors import OpctError, first_line, os_problem
@@ -56,8 +57,15 @@ def _strict_yaml(text: str, path: Path):
     def mapping(loader, node, deep=False):
         lines: dict = {}
         for key_node, _ in node.value:
+            # a merge key (`<<: *defaults`) brings in keys that the mapping's own may override, as YAML says:
+            # only the mapping's own keys are checked here, and construct_mapping expands the merge
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = loader.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
+            if not isinstance(key, Hashable):
+                kind = "mapping" if isinstance(key, dict) else type(key).__name__
+                raise OpctError(f"{path}:{line}: a key must be a name, not a {kind}")
             if key in lines:
                 raise OpctError(f"{path}:{line}: {key} is set twice (first on line {lines[key]}); keep one")
             lines[key] = line
@@ -91,6 +99,27 @@ def _check_expanded(data, path) -> None:
                         "aliases); a config holds a few hundred: write the values out")
 
 
+def _where(path, e) -> str:
+    """`path`, with the line of a YAML error when the parser marked one (its message's first line does not say it)."""
+    import yaml
+
+    mark = (e.problem_mark or e.context_mark) if isinstance(e, yaml.MarkedYAMLError) else None
+    return f"{path}:{mark.line + 1}" if mark is not None else str(path)
+
+
+def _problem(e) -> str:
+    """A parse error in words: YAML's own problem (not its context lines), and a tag no config may use named as such
+    (safe loading constructs no Python objects: `!!python/tuple` and the like)."""
+    import yaml
+
+    problem = (e.problem if isinstance(e, yaml.MarkedYAMLError) else None) or first_line(e)
+    if problem.startswith("could not determine a constructor for the tag"):
+        tag = problem.split("'")[1] if problem.count("'") >= 2 else problem
+        return f"unsupported tag {tag.replace('tag:yaml.org,2002:', '!!')} (a config holds plain values: names, " \
+               "numbers, lists and mappings)"
+    return problem
+
+
 def load_config_file(path) -> dict:
     path = Path(path)
     if not path.exists():
@@ -120,7 +149,7 @@ def load_config_file(path) -> dict:
     except RecursionError:
         raise OpctError(f"{path}: cannot parse config: nested too deeply") from None
     except Exception as e:  # noqa: BLE001 - any parse error becomes a user error naming the file
-        raise OpctError(f"{path}: cannot parse config: {first_line(e)}") from None
+        raise OpctError(f"{_where(path, e)}: cannot parse config: {_problem(e)}") from None
     if not isinstance(data, dict):
         raise OpctError(f"{path}: a config file must hold a mapping of field names to values")
     if piped is not None:

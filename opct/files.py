@@ -232,11 +232,15 @@ def blank(text: str) -> bool:
 
 
 def id_problem(text: str) -> str | None:
-    """What is wrong with `text` as a pair's or item's id, or None: a control or invisible format character makes two
-    ids that read the same (ids that differed by a zero-width space counted as two pairs)."""
+    """What makes `text`, as a pair's or item's id, read like another id (ids that differed by a zero-width space,
+    a trailing space or an accent's composition counted as two pairs), or None."""
     for i, c in enumerate(text):
         if unicodedata.category(c) in ("Cc", "Cf"):
             return f"holds a control or invisible character (U+{ord(c):04X} at character {i})"
+        if c.isspace() and (c != " " or i in (0, len(text) - 1) or text[i + 1] == " "):
+            return f"holds a space at either end, two in a row or one other than U+0020 (at character {i})"
+    if unicodedata.normalize("NFC", text) != text:
+        return "is not in Unicode's composed form (NFC), so it reads like another id that is"
     return None
 
 

@@ -291,6 +291,34 @@ def test_a_key_set_twice_in_a_yaml_config_is_refused_and_a_byte_order_mark_is_re
     assert read_json(tmp_path / "c.json") == {"a": 1}
 
 
+def test_yaml_merge_keys_work_and_a_yaml_error_names_its_line(tmp_path, capsys):
+    """`<<: *anchor` (YAML's merge key) was refused as 'could not determine a constructor for the tag ...merge';
+    a key the merge brings in may be overridden, a key set twice by the mapping itself is still an error. A list as
+    a key was 'unhashable type: list' and a Python tag named no line."""
+    from opct.config import load_config_file
+
+    merged = _yaml(tmp_path, "merge.yaml", "arms:\n  bct: &b {method: bct, lr: 0.001}\n  bct_hi:\n    <<: *b\n"
+                                           "    lr: 0.01\nseeds: [0]\n")
+    assert load_config_file(merged)["arms"] == {"bct": {"method": "bct", "lr": 0.001},
+                                                "bct_hi": {"method": "bct", "lr": 0.01}}
+    many = _yaml(tmp_path, "many.yaml", "a: &a {x: 1}\nb: &b {y: 2}\nc:\n  <<: [*a, *b]\n  z: 3\n")
+    assert load_config_file(many)["c"] == {"x": 1, "y": 2, "z": 3}
+    twice = _yaml(tmp_path, "twice.yaml", "d: &d {lr: 1}\nx:\n  <<: *d\n  lr: 2\n  lr: 3\n")
+    with pytest.raises(OpctError, match=r"twice.yaml:5: lr is set twice \(first on line 4\)"):
+        load_config_file(twice)
+    cases = {"list_key.yaml": ("? [a, b]\n: 1\n", ":1: a key must be a name, not a list"),
+             "map_key.yaml": ("x: 1\n? {a: 1}\n: 1\n", ":2: a key must be a name, not a mapping"),
+             "tag.yaml": ("max_steps: 2\nseeds: !!python/tuple [0]\n", ":2: cannot parse config: unsupported tag "
+                                                                     "!!python/tuple"),
+             "scalar_merge.yaml": ("x:\n  <<: 5\n", ":2: cannot parse config: expected a mapping or list of "
+                                                   "mappings for merging"),
+             "unclosed.yaml": ("a: 1\nb: [1\n", ":3: cannot parse config: expected ',' or ']'")}
+    for name, (text, said) in cases.items():
+        path = _yaml(tmp_path, name, text)
+        line = cli_error(capsys, ["run", path])
+        assert line.startswith(f"opct: error: {path}{said}"), line
+
+
 @pytest.mark.parametrize("argv", [
     ["run", "--seeds", "0", "--seeds", "1"],
     ["train", "--log-with", "tensorboard", "--log-with", "wandb"],

@@ -144,6 +144,33 @@ def test_run_writes_every_cell_resumes_and_labels_splits_by_training(test_organi
     # resumed from its last checkpoint (step 2 of 2): the same adapter as before
     assert (root / "opct/0/train/final/adapter_model.safetensors").read_bytes() == final_bytes
 
+    # a done cell whose evaluation was removed or emptied since (found 2026-12-07 evening: the rerun skipped it and
+    # exited 0, the report showed dashes and listed nothing missing): listed as missing with its reason, and a rerun
+    # evaluates it again, its training kept
+    from opct.report.rundir import load_run
+
+    measured = json.loads((root / "bct/0/eval/metrics.json").read_text())
+    shutil.rmtree(root / "bct/0/eval")
+    assert load_run(root).missing == [("bct", 0, "done.json, but no eval/metrics.json")]
+    lines = []
+    run_experiment(cfg, log=lines.append)
+    assert "[3/3] bct seed 0: done.json, but no eval/metrics.json: running it again" in lines
+    assert not any(m.startswith("  train bct") for m in lines)
+    assert json.loads((root / "bct/0/eval/metrics.json").read_text()) == measured  # the same seed: the same numbers
+    assert load_run(root).missing == []
+    (root / "bct/0/eval/metrics.json").write_text("{}")
+    assert load_run(root).missing == [("bct", 0, "done.json, but eval/metrics.json holds no metrics")]
+    with pytest.raises(OpctError, match=r"metrics\.json: holds nothing of axis sycophancy, which .*run\.json lists as "
+                                        r"done; the run's files are damaged: evaluate again from the start"):
+        run_experiment(cfg, log=lambda m: None)
+    (root / "bct/0/eval/metrics.json").unlink()  # removed, the eval's other files kept: the same way out
+    with pytest.raises(OpctError, match=r"metrics\.json: missing, though .*run\.json lists 1 axes as done; the run's "
+                                        r"files are damaged: evaluate again from the start \(another --out, or remove"):
+        run_experiment(cfg, log=lambda m: None)
+    shutil.rmtree(root / "bct/0/eval")
+    run_experiment(cfg, log=lambda m: None)
+    assert json.loads((root / "bct/0/eval/metrics.json").read_text()) == measured
+
     # the same name with other settings is refused; more arms or seeds accumulate
     with pytest.raises(OpctError, match="started with other settings"):
         run_experiment(_tiny(test_organism, tmp_path, trained={"sycophancy": ["authority"]}), log=lambda m: None)

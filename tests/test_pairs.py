@@ -44,6 +44,11 @@ def _bad(**changes):
     (_bad(student=[{"role": "user", "content": "\u200b\u2060 \ufeff"}]), "student[0].content", "empty prompt"),
     (_bad(id="a\u200b"), "id", "holds a control or invisible character (U+200B at character 1)"),
     (_bad(id=" "), "id", "blank"),
+    # ids that read the same as another: a trailing space, a tab, two spaces, a decomposed accent (2026-12-07 evening)
+    (_bad(id="q1 "), "id", "a space at either end, two in a row or one other than U+0020 (at character 2)"),
+    (_bad(id="q\u00a01"), "id", "a space at either end, two in a row or one other than U+0020 (at character 1)"),
+    (_bad(id="q  1"), "id", "a space at either end, two in a row or one other than U+0020 (at character 1)"),
+    (_bad(id="cafe\u0301"), "id", "is not in Unicode's composed form (NFC)"),
     (_bad(student=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "Sure", "prefil": True}]),
      "student[1].prefil", "unknown field (a message holds 'role', 'content' and"),
     (_bad(student=[{"role": "robot", "content": "hi"}]), "student[0].role", "must be one of"),

@@ -411,9 +411,11 @@ def test_an_out_that_is_a_file_is_named_as_one(tmp_path, capsys, where):
     assert (tmp_path / "file").read_text() == "kept\n"
 
 
-@pytest.mark.parametrize("marker", ["experiment.json", "run.json", "study.json", "splits.json"])
+@pytest.mark.parametrize("marker", ["experiment.json", "run.json", "study.json", "splits.json",
+                                    "adapter_config.json", "model.safetensors"])
 def test_an_out_that_is_another_commands_run_is_refused_before_its_report_is_replaced(tmp_path, capsys, marker):
-    """`opct report runs/a --out runs/b` replaced experiment b's results.md and report.html with a's."""
+    """`opct report runs/a --out runs/b` replaced experiment b's results.md and report.html with a's; a trained
+    adapter's final/ took them beside its weights (2026-12-07 evening), where `opct train` and `opct eval` refuse it."""
     run = single_seed_run(tmp_path)
     other = tmp_path / "other"
     other.mkdir()

@@ -70,6 +70,22 @@ def test_experiment_run_files_of_the_wrong_shape(tmp_path, capsys, where, value,
     assert cli_error(capsys, ["report", str(run)]) == f"opct: error: {run}/{expected}"
 
 
+def test_an_experiment_json_with_no_seeds_and_cells_emptied_since_are_said(tmp_path, capsys):
+    """Found 2026-12-07 evening: `"seeds": []` in experiment.json made a report of dashes (rc 0, nothing missing);
+    an eval/metrics.json emptied after the cell was done showed its arm as unmeasured; and a run.json listing an axis
+    that metrics.json holds nothing of likewise."""
+    from opct.report import load_run
+
+    run = _experiment(tmp_path)
+    _write(run / "bct/0/eval/metrics.json", {})
+    _write(run / "base/0/eval/run.json", {"config": {}, "done": ["m", "sycophancy"]})
+    assert load_run(run).missing == [("base", 0, "done.json, but eval/metrics.json holds nothing of axis sycophancy"),
+                                     ("bct", 0, "done.json, but eval/metrics.json holds no metrics")]
+    _write(run / "experiment.json", {"name": "demo", "arms": ["base", "bct"], "seeds": []})
+    assert cli_error(capsys, ["report", str(run)]) == \
+        f"opct: error: {run}/experiment.json: seeds: an empty list; `opct run` writes the seeds it runs"
+
+
 # ------------------------------------------------------------------------------------------ threats runs
 
 def _threats(tmp_path, settings=None):

@@ -228,6 +228,17 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
     m = evaluate(str(test_organism), str(cell / "bct-sycophancy" / "train" / "final"), ["sycophancy"],
                  EvalConfig(n=6, max_new_tokens=16, attack=False, progress=False),
                  {"sycophancy": ["suggested_answer"]}, 0, tmp_path / "fresh", print)
+    # its done.json emptied or damaged since (a KeyError traceback; then no metric a study names): evaluated again,
+    # each axis resumed from its files, or named
+    done = tmp_path / "fresh" / "done.json"
+    done.write_text(json.dumps({**json.loads(done.read_text()), "metrics": {}}))
+    again = evaluate(str(test_organism), str(cell / "bct-sycophancy" / "train" / "final"), ["sycophancy"],
+                     EvalConfig(n=6, max_new_tokens=16, attack=False, progress=False),
+                     {"sycophancy": ["suggested_answer"]}, 0, tmp_path / "fresh", print)
+    assert again == m and json.loads(done.read_text())["metrics"] == m
+    done.write_text("[1]")
+    with pytest.raises(OpctError, match=r"done\.json: .*must be an object"):
+        evaluate(str(test_organism), None, ["sycophancy"], EvalConfig(), {}, 0, tmp_path / "fresh", print)
     dose0 = {r["metric"]: r["value"] for r in first if r["method"] == "bct" and r["x"] == 0.0}
     assert dose0["sycophancy.sycophancy_rate[split=heldout]"] == m["sycophancy.sycophancy_rate[split=heldout]"]["value"]
     assert all(v in (0.0, None) for k, v in dose0.items() if k.startswith("wash_fraction"))

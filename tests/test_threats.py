@@ -116,6 +116,27 @@ def test_resume_skips_finished_cells_and_refuses_changed_settings(tiny_run, tmp_
     run_threats(load_threats(path), log=log.append)
     assert sum("done already, skipped" in line for line in log) == 10  # 2 seeds x (base, control, 3 trained cells)
     assert (root / "seed0" / "sycophancy" / "bct" / "done.json").read_text() == before
+    # a done.json whose metrics were emptied since (found 2026-12-07 evening: the cell read n/a, listed nowhere, and
+    # a rerun skipped it): named as such in the matrix, run again by the next run (its training kept), on a copy
+    import dataclasses
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy / root.name)
+    cell = copy / root.name / "seed1" / "control" / "done.json"
+    done = json.loads(cell.read_text())
+    cell.write_text(json.dumps({**done, "metrics": {}}))
+    from opct.threats.matrix import build_matrix
+
+    assert build_matrix(copy / root.name)["missing"] == [
+        "seed 1: control: done.json holds no metrics (`opct run` runs it again)"]
+    log = []
+    run_threats(dataclasses.replace(load_threats(path), out=str(copy)), log=log.append)
+    assert sum("done already, skipped" in line for line in log) == 9
+    assert any("seed 1 control: done.json holds no metrics: running it again" in line for line in log)
+    assert not any(line.startswith("  train ") for line in log)  # its training kept
+    assert json.loads(cell.read_text())["metrics"] == done["metrics"]  # its evaluation, resumed: the same numbers
+    assert build_matrix(copy / root.name)["missing"] == []
     changed = path.with_name("changed.yaml")
     data = yaml.safe_load(path.read_text())
     data["train"]["lr"] = 0.02
@@ -234,6 +255,25 @@ def test_a_partial_run_lists_its_unfinished_cells(tmp_path):
     assert "- seed 1: control: not finished (no done.json)" in md
     assert "- seed 1: sycophancy / bct: not finished (no done.json)" in md
     assert "<li>seed 1: sycophancy / bct: not finished (no done.json)</li>" in html
+
+
+def test_a_finished_cell_whose_metrics_were_emptied_is_listed_as_such_not_read_as_unmeasured(tmp_path):
+    """Found 2026-12-07 evening: a done.json whose metrics were emptied (or removed) made its row read n/a, rc 0, and
+    nothing was listed under Missing (deleting that done.json did list it)."""
+    from opct.threats.matrix import build_matrix
+
+    root = tmp_path / "thr"
+    root.mkdir()
+    (root / "threats.json").write_text(json.dumps({"name": "thr", "seeds": [0], "threats": ["sycophancy"],
+                                                   "methods": ["bct"]}))
+    metric = {"sycophancy.sycophancy_rate": {"value": 0.5, "higher_is_better": False}}
+    for cell, done in (("base", {"metrics": metric}), ("control", {"metrics": {}}), ("sycophancy/bct", {})):
+        (root / "seed0" / cell).mkdir(parents=True)
+        (root / "seed0" / cell / "done.json").write_text(json.dumps(done))
+    m = build_matrix(root)
+    assert m["missing"] == ["seed 0: control: done.json holds no metrics (`opct run` runs it again)",
+                            "seed 0: sycophancy / bct: done.json holds no metrics (`opct run` runs it again)"]
+    assert m["rows"][0]["seeds"] == []
 
 
 def test_a_delta_that_rounds_to_zero_reads_zero_never_minus_zero():

@@ -55,6 +55,11 @@ def _check_out(run, out) -> None:
         if (out / name).exists():
             raise OpctError(f"{out}: holds {what} ({name}), whose report files --out would replace with those of "
                             f"{run}; choose another --out")
+    from opct.modeldir import model_files_in
+
+    if model := model_files_in(out):  # a trained adapter's final/: `opct train` and `opct eval` refuse it too
+        raise OpctError(f"{out}: holds a model or an adapter ({', '.join(model[:3])}), not a report; choose another "
+                        "--out")
 
 
 def _study_report(args, kind: str, aggregate, build) -> int:

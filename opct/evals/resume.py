@@ -132,6 +132,10 @@ def resumed(out: Path, cfg, attack_cfg, names: list[str], resume: bool | str,
         raise OpctError(f"{out}: cannot resume an eval run with other settings; changed: {', '.join(changed)}")
     check_inputs(out, cfg, saved, eval_inputs(cfg) if inputs is None else inputs)
     done = [n for n in names if n in done]
+    for name in ("records.jsonl", "metrics.json"):  # written with run.json, before it: removed since
+        if not (out / name).exists():
+            raise OpctError(f"{out / name}: missing, though {out / 'run.json'} lists {len(done)} axes as done; the "
+                            f"run's files are damaged: evaluate again from the start (another --out, or remove {out})")
     records = []
     for line, r in read_jsonl(out / "records.jsonl"):
         if not isinstance(r, dict):
@@ -177,4 +181,29 @@ def check_resume(cfg, attack_cfg, resume: bool, inputs: dict | None = None) -> t
         raise OpctError(f"{out}: holds {', '.join(found)} but no run.json (not an eval run opct can resume), and an "
                         f"eval run would replace {'it' if len(found) == 1 else 'them'}; choose another --out, or "
                         "move them away")
+    return None
+
+
+def unfinished(out: Path) -> str | None:
+    """Why the eval run directory `out` holds no finished evaluation, or None. A cell's done.json vouches for its
+    evaluation; a metrics.json removed, emptied or cut since was read as a cell measured (a report's dashes, a rerun
+    that skipped it, exit 0). Needed: a metrics.json with metrics; with a run.json (an `opct eval` run's), some metric
+    of every axis it lists as done. A metrics.json there but malformed is an OpctError naming it."""
+    from opct.files import dir_there, read_json
+    from opct.report.rundir import read_metrics
+
+    if not dir_there(out) or not (out / "metrics.json").exists():
+        return f"no {out.name}/metrics.json"
+    metrics = read_metrics(out / "metrics.json")
+    if not metrics:
+        return f"{out.name}/metrics.json holds no metrics"
+    if not (out / "run.json").exists():  # metrics assembled by hand or by another tool: they are what there is
+        return None
+    saved = read_json(out / "run.json", "eval run")
+    done = saved.get("done") if isinstance(saved, dict) else None
+    # the axes run.json lists, not today's registry (an older run did not have every axis); run.json's shape is its
+    # readers' to check (`opct.report.rundir.eval_failures`, `resumed`)
+    for axis in done if isinstance(done, list) else []:
+        if not any(k.split(".")[0] == axis for k in metrics):
+            return f"{out.name}/metrics.json holds nothing of axis {axis}"
     return None

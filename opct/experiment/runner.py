@@ -9,10 +9,11 @@ Everything lands under `OUT/NAME/` (DESIGN §1: stages talk only through files):
     <arm>/<seed>/done.json    written last: the cell is complete (seconds per stage)
     report.html, results.md   `opct report`
 
-A cell with done.json is skipped, so an interrupted experiment resumes where it stopped; a cell whose training was
-interrupted continues from its last checkpoint (`opct train --resume`), exactly. Changing the experiment's
-configuration under an existing directory is an error (start a new name), because the finished cells would no
-longer belong to it.
+A cell with done.json is skipped, so an interrupted experiment resumes where it stopped (unless its evaluation's
+files were removed or emptied since, `opct.evals.resume.unfinished`: then the cell runs again, its training kept); a
+cell whose training was interrupted continues from its last checkpoint (`opct train --resume`), exactly. Changing
+the experiment's configuration under an existing directory is an error (start a new name), because the finished
+cells would no longer belong to it.
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ def cell_dir(root: Path, arm: str, seed: int) -> Path:
 
 def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     """Run every (seed, arm) cell not already done; write the report; return the experiment directory."""
+    from opct.evals.resume import unfinished
     from opct.modeldir import check_device
     from opct.policy import count_parameters, cpu_threads
 
@@ -145,8 +147,11 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
             for i, (seed, arm) in enumerate(cells, 1):
                 d = cell_dir(root, arm, seed)
                 if (d / "done.json").exists():
-                    log(f"[{i}/{len(cells)}] {arm} seed {seed}: done already, skipped")
-                    continue
+                    if not (why := unfinished(d / "eval")):
+                        log(f"[{i}/{len(cells)}] {arm} seed {seed}: done already, skipped")
+                        continue
+                    # damaged since it was done: its training is kept (final/), its evaluation resumed or redone
+                    log(f"[{i}/{len(cells)}] {arm} seed {seed}: done.json, but {why}: running it again")
                 log(f"[{i}/{len(cells)}] {arm} seed {seed} ({time.time() - t_start:.0f} s into the experiment)")
                 seconds = {}
                 model_dir, adapter = model, None

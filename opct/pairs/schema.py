@@ -198,10 +198,10 @@ def validate_pair(obj, path="<pair>", line=0) -> Pair:
     pid = obj.get("id")
     if not isinstance(pid, str) or not pid:
         raise DataError(path, line, "id", "missing or not a non-empty string")
-    if problem := id_problem(pid):
-        raise DataError(path, line, "id", problem)
     if blank(pid):
         raise DataError(path, line, "id", "blank (only spaces)")
+    if problem := id_problem(pid):
+        raise DataError(path, line, "id", problem)
     for f in ("axis", "task", "teacher", "student"):
         if f not in obj:
             raise DataError(path, line, f, "missing")

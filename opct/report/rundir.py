@@ -6,10 +6,11 @@
     runs/<name>/<arm>/<seed>/eval/metrics.json    {metric: {"value", "ci_low", "ci_high", "n", "higher_is_better", ...}}
     runs/<name>/<arm>/<seed>/eval/run.json        the eval's settings; `lm_eval_errors`: lm-eval tasks that failed
 
-A cell counts only when done.json is there; every other (arm, seed) of the experiment is listed as missing with the
-reason, so a report of a half-finished experiment still builds and says what it lacks; so is what a complete cell's
-evaluation failed to measure (`failed`). Files that are present but
-malformed are errors naming the file: a report must not silently drop a result.
+A cell counts only when done.json is there and its eval/ holds a finished evaluation (`opct.evals.resume.unfinished`:
+a metrics.json removed or emptied since is no cell measured); every other (arm, seed) of the experiment is listed as
+missing with the reason, so a report of a half-finished experiment still builds and says what it lacks; so is what
+a complete cell's evaluation failed to measure (`failed`). Files that are present but malformed are errors naming
+the file: a report must not silently drop a result.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ def check_lists(exp: dict, exp_path) -> None:
 
 
 def load_run(run_dir) -> Run:
+    from opct.evals.resume import unfinished
+
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise OpctError(f"{run_dir}: not a directory; a run directory written by `opct run` is expected"
@@ -135,6 +138,12 @@ def load_run(run_dir) -> Run:
     if seeds is None:
         seeds = sorted({s for a in arms for s in _seed_dirs(run_dir / a)})
     check_lists({**exp, "arms": arms, "seeds": seeds}, exp_path)
+    # `opct run` writes one of each at least: a report of no cell was all dashes, and said nothing was missing
+    if exp.get("seeds") == []:
+        raise OpctError(f"{exp_path}: seeds: an empty list; `opct run` writes the seeds it runs")
+    if not arms or not seeds:
+        raise OpctError(f"{exp_path}: lists no {'arms' if not arms else 'seeds'}, and {run_dir} holds no cell "
+                        f"folders (ARM/SEED) to read them off; a run directory written by `opct run` is expected")
 
     cells, missing, failed = {}, [], []
     for arm in arms:
@@ -147,11 +156,10 @@ def load_run(run_dir) -> Run:
                 missing.append((arm, seed, "incomplete (no done.json)"))
                 continue
             done = read_checked(d / "done.json", "done", OBJECT)
-            mpath = d / "eval" / "metrics.json"
-            if not dir_there(d / "eval") or not mpath.exists():
-                missing.append((arm, seed, "done.json but no eval/metrics.json"))
+            if why := unfinished(d / "eval"):  # damaged since: not shown as measured (`opct run` evaluates it again)
+                missing.append((arm, seed, f"done.json, but {why}"))
                 continue
-            cells[(arm, seed)] = SeedRun(arm, seed, d, done, read_metrics(mpath),
+            cells[(arm, seed)] = SeedRun(arm, seed, d, done, read_metrics(d / "eval" / "metrics.json"),
                                          read_curve(d / "train" / "metrics.jsonl"))
             failed += [(arm, seed, why) for why in eval_failures(d / "eval")]
     return Run(run_dir, exp, list(arms), list(seeds), cells, missing, failed)

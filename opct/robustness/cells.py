@@ -17,7 +17,7 @@ from opct.axes import capability as CAP
 from opct.config import ConfigError, construct, validate
 from opct.errors import OpctError
 from opct.evals.run import EvalConfig
-from opct.files import read_json, write_json_atomic
+from opct.files import write_json_atomic
 from opct.train.config import TrainConfig
 
 # Fields the study sets itself, per cell (an error when a file gives them).
@@ -176,8 +176,12 @@ def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfi
     from opct.policy import load_policy
 
     done = out / "done.json"
-    if done.exists():
-        return read_json(done, "evaluation")["metrics"]
+    if done.exists():  # emptied or cut since (a KeyError, or no metric a study names): evaluated again, resumed
+        from opct.shapes import read_checked
+        from opct.threats.matrix import DONE_SHAPE
+
+        if metrics := read_checked(done, "evaluation", DONE_SHAPE).get("metrics"):
+            return metrics
     policy = load_policy(model_dir, adapter=adapter, dtype=ec.dtype, device=ec.device, progress=ec.progress)
     metrics: dict = {}
     for axis in [*axes, CAPABILITY]:

@@ -84,6 +84,9 @@ def build_matrix(root: Path) -> dict:
     from opct.threats.runner import BASE, CONTROL, NO_SIGNAL
 
     settings, done = load_cells(root)
+    # a done.json whose metrics were removed or emptied since is no cell measured (it read as n/a, listed nowhere)
+    damaged = {k for k, v in done.items() if not v.get("metrics")}
+    done = {k: v for k, v in done.items() if k not in damaged}
     seeds = settings.get("seeds", [])
     metrics = {k: v.get("metrics") or {} for k, v in done.items()}
     cols = columns(list(metrics.values()))
@@ -121,8 +124,9 @@ def build_matrix(root: Path) -> dict:
     seconds = {f"seed{s}/{t + '/' if t else ''}{m}": v.get("seconds") for (s, t, m), v in done.items()}
     # what a killed or running run lacks (no-signal cells are never trained, so never missing)
     planned = [("", BASE), ("", CONTROL)] + [(r["threat"], r["method"]) for r in rows if not r["skipped"]]
-    missing = [f"seed {s}: {t + ' / ' if t else ''}{m}: not finished (no done.json)" for s in seeds
-               for t, m in planned if (s, t, m) not in done]
+    missing = [f"seed {s}: {t + ' / ' if t else ''}{m}: " + ("done.json holds no metrics (`opct run` runs it again)"
+                                                           if (s, t, m) in damaged else "not finished (no done.json)")
+               for s in seeds for t, m in planned if (s, t, m) not in done]
     return {"rows": rows, "columns": cols, "cells": cells, "control_vs_base": vs_base, "per_seed": per_seed,
             "missing": missing,
             "settings": {k: v for k, v in settings.items() if k not in ("train", "eval")} | {

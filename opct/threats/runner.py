@@ -86,7 +86,8 @@ def run_threats(cfg: ThreatsConfig, log=print) -> Path:
     """Run every cell not already done; write cross_threat.json; return the run directory."""
     from opct.experiment.runner import resolve_model
     from opct.policy import count_parameters, cpu_threads
-    from opct.threats.matrix import write_matrix
+    from opct.shapes import read_checked
+    from opct.threats.matrix import DONE_SHAPE, write_matrix
     from opct.train.loop import check_samplers
 
     check_samplers({f"method {m}": cfg.train_config(m) for m in cfg.methods})  # before any cell runs
@@ -117,8 +118,11 @@ def run_threats(cfg: ThreatsConfig, log=print) -> Path:
                 log(f"{tag}: {NO_SIGNAL}, not trained")
                 continue
             if (d / "done.json").exists():
-                log(f"{tag}: done already, skipped")
-                continue
+                if read_checked(d / "done.json", "threats cell", DONE_SHAPE).get("metrics"):
+                    log(f"{tag}: done already, skipped")
+                    continue
+                # emptied since (`matrix.build_matrix` lists it as damaged): its training kept, its evaluation resumed
+                log(f"{tag}: done.json holds no metrics: running it again")
             log(f"{tag} ({time.time() - t_start:.0f} s into the run)")
             seconds = {}
             model_dir, adapter = model, None
