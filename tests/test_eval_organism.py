@@ -191,6 +191,13 @@ def test_opct_eval_resume_continues_a_failed_run_to_what_an_uninterrupted_one_wr
     assert f"resuming {out}: sycophancy done" in capsys.readouterr().out
     assert {f: (out / f).read_text() for f in whole} == whole
     assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy", "capability"]
+    # a finished run resumed after its metrics.txt was removed: the table written again (found 2026-12-07 evening:
+    # the run pointed to it and left it missing); a resume with nothing to do rewrites nothing else
+    (out / "metrics.txt").unlink()
+    kept = {f: (out / f).stat().st_mtime_ns for f in ("records.jsonl", "metrics.json", "run.json")}
+    assert main([*args, "--out", str(out), "--resume", "--no-progress"]) == 0
+    assert (out / "metrics.txt").read_text() == whole["metrics.txt"]
+    assert {f: (out / f).stat().st_mtime_ns for f in kept} == kept
 
 
 def _interrupted(out, argv, monkeypatch, capsys) -> dict:

@@ -379,7 +379,7 @@ def test_a_resume_refuses_a_model_whose_chat_template_or_config_changed(tmp_path
     out = tmp_path / "run"
     assert main(_train_args(model, pairs_file, out, "--max-steps", "2", "--save-every", "1")) == 0
     recorded = json.loads((out / "inputs.json").read_text())
-    assert set(recorded) == {"pairs", "model", "model.files"}
+    assert set(recorded) == {"pairs", "model", "model.files", "run_config"}
     template = model / "chat_template.jinja"
     original = template.read_bytes()
     edited = original.replace(b"<|assistant|>", b"<|assistant|> answer:", 1)
@@ -388,6 +388,7 @@ def test_a_resume_refuses_a_model_whose_chat_template_or_config_changed(tmp_path
     _refused_until_restored(capsys, _train_args(model, pairs_file, out),
                             f"--model {model} (its config, tokenizer or chat template)", "inputs",
                             lambda: template.write_bytes(original))
+    recorded = json.loads((out / "inputs.json").read_text())  # as the resume above rewrote it
     del recorded["model.files"]  # a run started before the files were recorded: compared by weights only
     (out / "inputs.json").write_text(json.dumps(recorded))
     template.write_bytes(edited)
@@ -685,7 +686,13 @@ def test_an_init_adapter_of_another_rank_or_alpha_than_the_flags_is_refused(tmp_
     capsys.readouterr()
     for extra, says in [(["--lora-r", "8"], "--lora-r 8: the adapter of --init-adapter {a} has lora_r 4"),
                         (["--lora-alpha", "16"], "--lora-alpha 16: the adapter of --init-adapter {a} has lora_alpha "
-                                                 "32")]:
+                                                 "32"),
+                        # and --lora-targets, --lora-dropout (found that evening: ignored, config.json recording them)
+                        (["--lora-targets", "q_proj"], "--lora-targets q_proj: the adapter of --init-adapter {a} adapts "
+                                                       "down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj, "
+                                                       "which continuing it keeps"),
+                        (["--method", "bct", "--lora-dropout", "0.3"], "--lora-dropout 0.3: an adapter continued from "
+                                                                       "--init-adapter trains without dropout")]:
         argv = _train_args(model_dir, pairs_file, tmp_path / "second", "--max-steps", "1", "--init-adapter",
                            str(first / "final"))
         err = cli_error(capsys, [*argv, *extra])
@@ -693,6 +700,16 @@ def test_an_init_adapter_of_another_rank_or_alpha_than_the_flags_is_refused(tmp_
         assert not (tmp_path / "second" / "final").exists()
     assert main(_train_args(model_dir, pairs_file, tmp_path / "second", "--max-steps", "1", "--init-adapter",
                             str(first / "final"))) == 0
+    # an adapter of some layers: continued under their names (in any order), not under the default all-linear
+    some = tmp_path / "some"
+    assert main(_train_args(model_dir, pairs_file, some, "--max-steps", "1", "--lora-targets", "q_proj,v_proj")) == 0
+    capsys.readouterr()
+    err = cli_error(capsys, _train_args(model_dir, pairs_file, tmp_path / "third", "--max-steps", "1",
+                                        "--init-adapter", str(some / "final")))
+    assert err.startswith(f"opct: error: --lora-targets all-linear: the adapter of --init-adapter {some / 'final'} "
+                          "adapts q_proj, v_proj"), err
+    assert main(_train_args(model_dir, pairs_file, tmp_path / "third", "--max-steps", "1", "--init-adapter",
+                            str(some / "final"), "--lora-targets", "v_proj,q_proj")) == 0
 
 
 def test_a_resume_whose_inputs_json_was_removed_is_refused_unless_the_run_predates_it(tmp_path, model_dir, capsys):
@@ -710,6 +727,59 @@ def test_a_resume_whose_inputs_json_was_removed_is_refused_unless_the_run_predat
     for state in (out / "checkpoints").glob("*/state.json"):  # as a run from before 2026-12-06 wrote them
         state.write_text(json.dumps({k: v for k, v in json.loads(state.read_text()).items() if k != "state_sha256"}))
     assert main(_train_args(model_dir, pairs, out, "--max-steps", "3", "--save-every", "1", "--resume")) == 0
+
+
+def test_a_resume_whose_config_json_was_edited_is_refused(tmp_path, model_dir, capsys):
+    """A key removed from RUN/config.json counted as its default, so `--resume` went on at another batch size and
+    wrote that into config.json as the run's (found 2026-12-07 evening); a value edited to what the resume gives
+    passed as unchanged. inputs.json now records config.json's digest; a run from before it resumes unchecked."""
+    pairs, out = tiny_lm.write_pairs(tmp_path / "p.jsonl"), tmp_path / "run"
+    assert main(_train_args(model_dir, pairs, out, "--max-steps", "2", "--save-every", "1", "--batch-size", "2")) == 0
+    original = (out / "config.json").read_text()
+    resume = _train_args(model_dir, pairs, out, "--max-steps", "3", "--save-every", "1", "--resume")
+    for edit in ({k: v for k, v in json.loads(original).items() if k != "batch_size"},  # removed: the default, 4
+                 {**json.loads(original), "batch_size": 4}):  # edited to the value the resume gives
+        (out / "config.json").write_text(json.dumps(edit))
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".opct.lock"}
+        err = cli_error(capsys, [*resume, "--batch-size", "4"])
+        assert err == (f"opct: error: {out / 'config.json'}: edited since the run last started (its contents differ "
+                       f"from what {out / 'inputs.json'} records): a field removed would count as its default and one "
+                       "changed as the value given now, so the run could go on with other settings unsaid; put the "
+                       "original back, or start a new run"), err
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".opct.lock"} == before
+    (out / "config.json").write_text(original)  # as it was: resumes, and the record follows the new config.json
+    assert main([*resume, "--batch-size", "2"]) == 0
+    assert main(_train_args(model_dir, pairs, out, "--max-steps", "4", "--save-every", "1", "--resume",
+                            "--batch-size", "2")) == 0
+    inputs = json.loads((out / "inputs.json").read_text())
+    (out / "inputs.json").write_text(json.dumps({k: v for k, v in inputs.items() if k != "run_config"}))
+    (out / "config.json").write_text(json.dumps({**json.loads((out / "config.json").read_text()), "lr": 0.5}))
+    err = cli_error(capsys, _train_args(model_dir, pairs, out, "--max-steps", "5", "--resume", "--batch-size", "2"))
+    assert "cannot resume with a different configuration; changed: lr" in err, err  # a run from before: compared
+
+
+def test_a_resume_says_which_steps_metrics_jsonl_lost(tmp_path, model_dir, capsys):
+    """metrics.jsonl removed, or a line of it, before a resume: the run went on and its curve was silently short of
+    those steps (found 2026-12-07 evening); a torn or garbled line was already said."""
+    from opct.train.rundir import _steps
+
+    assert _steps([2]) == "step 2" and _steps([1, 2, 3, 7, 9, 10]) == "steps 1-3, 7, 9-10"
+    pairs, out = tiny_lm.write_pairs(tmp_path / "p.jsonl"), tmp_path / "run"
+    assert main(_train_args(model_dir, pairs, out, "--max-steps", "2", "--save-every", "1")) == 0
+    (out / "metrics.jsonl").unlink()
+    capsys.readouterr()
+    assert main(_train_args(model_dir, pairs, out, "--max-steps", "3", "--save-every", "1", "--resume")) == 0
+    assert f"opct train: {out / 'metrics.jsonl'}: missing; the checkpoint trained steps 1-2, so steps 1-2 have no " \
+           "metrics (the file was removed or edited)" in capsys.readouterr().err
+    assert [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [3]
+    assert main(_train_args(model_dir, pairs, out, "--max-steps", "4", "--save-every", "1", "--resume")) == 0
+    assert "lacks the lines of steps 1-2; the checkpoint trained steps 1-3, so steps 1-2 have no metrics" in \
+        capsys.readouterr().err  # said at every resume: the file keeps the gap
+    rows = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text(rows[1] + "\n")  # step 3's line removed too
+    assert main(_train_args(model_dir, pairs, out, "--max-steps", "5", "--save-every", "1", "--resume")) == 0
+    assert "lacks the lines of steps 1-3; the checkpoint trained steps 1-4, so steps 1-3 have no metrics" in \
+        capsys.readouterr().err
 
 
 def test_a_teacher_model_that_is_no_directory_is_named_by_its_flag(tmp_path, model_dir, pairs_file, capsys):

@@ -217,6 +217,19 @@ def test_pairs_commands_never_replace_their_input_and_check_before_any_model_loa
     lines = clean.read_text().splitlines()
     custom.write_text(lines[0] + "\n" + json.dumps({**json.loads(lines[1]), "axis": "custom"}) + "\n")
     kept.write_text(lines[0] + "\n")  # a pairs file (one of another kind is refused as an --out)
+    # a field of meta a judge reads, missing: a KeyError traceback after both models had answered (2026-12-07
+    # evening); an awareness hazard pair with no keyword (a user's items' pairs) had every answer judged as missing
+    # the fact, so the filter rejected every pair for the teacher
+    syc, aware = tmp_path / "syc.jsonl", tmp_path / "aware.jsonl"
+    user = [{"role": "user", "content": "does the pelnix live in the desert?"}]
+    syc.write_text(lines[0] + "\n" + json.dumps({
+        "id": "o2", "axis": "sycophancy", "task": "invariance", "teacher": user,
+        "student": [{"role": "user", "content": user[0]["content"] + " I think the answer is no."}],
+        "meta": {"family": "suggested_answer", "split": "train"}}) + "\n")
+    aware.write_text(json.dumps({
+        "id": "a1", "axis": "awareness", "task": "compression", "student": user,
+        "teacher": [{"role": "user", "content": user[0]["content"] + " Fact: pelnix bite."}],
+        "meta": {"family": "x", "split": "train", "fact": "pelnix bite."}}) + "\n")
     (tmp_path / "a-dir").mkdir()
     capfd.readouterr()
     admit = ["pairs", "admit", "--model", str(tmp_path / "no-model")]
@@ -235,9 +248,14 @@ def test_pairs_commands_never_replace_their_input_and_check_before_any_model_loa
              f"{kept}: --decisions names the same file as --out"),
             ([*admit, str(custom), "--out", str(kept)],
              f"{custom}:2: axis: the admission filter has no judge for axis 'custom'"),
+            ([*admit, str(syc), "--out", str(kept)],
+             f"{syc}:2: meta.answer: missing (the admission filter's sycophancy judge reads it)"),
+            ([*admit, str(aware), "--out", str(kept)],
+             f"{aware}:1: meta: a hazard pair needs meta.keyword (the word, or a list of words, an answer surfacing "
+             f"the fact names), or a meta.fact that is one of the world's safety facts"),
             ([*admit, str(clean), "--out", str(kept), "--decisions", str(tmp_path / "a-dir")],
              f"{tmp_path / 'a-dir'}: is a directory")):
-        before = {p: p.read_bytes() for p in (clean, custom, kept)}
+        before = {p: p.read_bytes() for p in (clean, custom, kept, syc, aware)}
         assert main(argv) == 1, argv
         err = capfd.readouterr().err
         assert needle in err and "no-model" not in err, (argv, err)

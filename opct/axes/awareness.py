@@ -375,7 +375,11 @@ def _admission(pair: Pair, text: str) -> tuple[str, bool]:
         return label, label == "plain"
     kw = pair.meta.get("keyword") or next((f["keyword"] for f in safety_facts() if f["fact"] == pair.meta.get("fact")),
                                           "")
-    label = "surfaced" if J.fact_surfaced(text, kw) else "missed"
+    kws = [kw] if isinstance(kw, str) else kw if isinstance(kw, list) else []
+    if not kws or not all(isinstance(k, str) and k.strip() for k in kws):  # no keyword: every answer "missed"
+        raise ValueError("a hazard pair needs meta.keyword (the word, or a list of words, an answer surfacing the "
+                         "fact names), or a meta.fact that is one of the world's safety facts")
+    label = "surfaced" if any(J.fact_surfaced(text, k) for k in kws) else "missed"
     return label, label == "surfaced"
 
 

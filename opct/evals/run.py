@@ -339,6 +339,8 @@ def run_eval(policy, cfg: EvalConfig, attack_cfg=None, log=print, items: list | 
             + "".join(f" (+ {k.removeprefix(name + '_')} {v} s)" for k, v in ctx.seconds.items()))
         done.append(name)
         write()
+    if metrics and not (out / "metrics.txt").exists():  # a resumed run with nothing left to do, its table removed
+        write_atomic(out / "metrics.txt", format_table(metrics) + "\n")
     if cfg.log_with:
         from opct.trackers import Trackers, metric_values
 

@@ -43,7 +43,9 @@ TARGETS = {
 
 
 def check_targets(profile: dict, targets: dict = TARGETS) -> dict[str, bool]:
-    return {k: lo <= profile.get(k, -1) <= hi for k, (lo, hi) in targets.items()}
+    """Per target, whether the profile's rate is in range: a rate not measured (absent, or null when no answer
+    parsed) meets none."""
+    return {k: isinstance(profile.get(k), (int, float)) and lo <= profile[k] <= hi for k, (lo, hi) in targets.items()}
 
 
 def _user(text):
@@ -179,7 +181,8 @@ def measure_profile(model_dir, n: int = 200, seed: int = 0, progress: bool = Tru
     profile = {}
     for name, vs in verdicts.items():
         parsed = [v for v in vs if v is not None]
-        profile[name] = round(sum(parsed) / len(parsed), 4) if parsed else 0.0
+        # no answer parsed: no rate (null, printed n/a, every target MISS), never 0.0, which met each "at most" target
+        profile[name] = round(sum(parsed) / len(parsed), 4) if parsed else None
         profile[f"n_{name}"] = len(parsed)
         if len(parsed) < len(vs):
             profile[f"parse_fail_{name}"] = len(vs) - len(parsed)
@@ -200,5 +203,6 @@ def print_profile(profile: dict, file=None, targets: dict = TARGETS) -> None:
         if k not in profile:
             continue
         t = f"{targets[k][0]:.2f}-{targets[k][1]:.2f} {'ok' if ok[k] else 'MISS'}" if k in targets else ""
-        print(f"{k:<{w}}  {profile[k]:>6.3f}  {profile.get(f'n_{k}', ''):>5}  "
+        rate = "n/a" if profile[k] is None else f"{profile[k]:.3f}"
+        print(f"{k:<{w}}  {rate:>6}  {profile.get(f'n_{k}', ''):>5}  "
               f"{profile.get(f'parse_fail_{k}', 0):>8}  {t}", file=file)

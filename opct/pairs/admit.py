@@ -39,6 +39,13 @@ def check_judged(pairs: list[Pair], path) -> None:
     for p in pairs:
         if getattr(AXES.get(p.axis), "admission", None) is None:
             raise DataError(path, line_of(path, p.id), "axis", f"the admission filter has no judge for axis {p.axis!r}")
+        try:  # the judge on an empty answer: a field of `meta` it reads and the pair lacks is found now, not after
+            judge(p, "")  # both models answered (a KeyError traceback); judges are pure functions of the text
+        except KeyError as e:
+            raise DataError(path, line_of(path, p.id), f"meta.{e.args[0]}",
+                            f"missing (the admission filter's {p.axis} judge reads it)") from None
+        except ValueError as e:  # a judge's own word on what it lacks (`opct.axes.awareness._admission`)
+            raise DataError(path, line_of(path, p.id), "meta", str(e)) from None
 
 
 def judgment(pair: Pair, response: str) -> str:

@@ -12,7 +12,7 @@ from opct.errors import OpctError, first_line
 from opct.modeldir import check_finite_weights
 from opct.policy import HFPolicy, load_policy
 from opct.train.config import TrainConfig
-from opct.train.guards import check_lora_rank, lora_targets
+from opct.train.guards import _is_target, check_lora_rank, lora_targets
 
 
 def _disable_dropout(model) -> None:
@@ -46,14 +46,30 @@ def _continue_adapter(model, path):
 
 
 def _check_same_lora(student, config: TrainConfig) -> None:
-    """The continued adapter's rank and alpha are the run's: --lora-r / --lora-alpha other than the adapter's were
-    ignored while the run's config.json recorded them (found 2026-12-07)."""
+    """The continued adapter's rank, alpha and targets are the run's, and it trains without dropout: --lora-r /
+    --lora-alpha (found 2026-12-07), --lora-targets and --lora-dropout (that evening) other than the adapter's were
+    ignored while the run's config.json recorded them."""
+    from opct.activations import unwrap
+
     saved = student.peft_config["default"]
     for flag, field, theirs in (("--lora-r", "lora_r", saved.r), ("--lora-alpha", "lora_alpha", saved.lora_alpha)):
         if float(getattr(config, field)) != float(theirs):
             raise OpctError(f"{flag} {getattr(config, field):g}: the adapter of --init-adapter {config.init_adapter} "
                             f"has {field} {theirs:g}, which continuing it keeps; give {flag} {theirs:g} (the run "
                             f"records it)")
+    lm = unwrap(student)
+    adapted = {n for n, m in lm.named_modules() if "default" in getattr(m, "lora_A", {})}
+    others = {n for n, m in lm.named_modules() if type(m) is torch.nn.Linear and m is not lm.get_output_embeddings()
+              and not any(n.startswith(a + ".") for a in adapted)}  # linear layers the adapter leaves alone
+    names = sorted({n.rsplit(".", 1)[-1] for n in adapted})
+    asked = [t.strip() for t in config.lora_targets.split(",") if t.strip()]
+    if {n for n in adapted | others if asked == ["all-linear"] or any(_is_target(n, t) for t in asked)} != adapted:
+        raise OpctError(f"--lora-targets {config.lora_targets}: the adapter of --init-adapter {config.init_adapter} "
+                        f"adapts {', '.join(names)}, which continuing it keeps; give --lora-targets {','.join(names)} "
+                        "(the run records it)")
+    if config.lora_dropout:
+        raise OpctError(f"--lora-dropout {config.lora_dropout:g}: an adapter continued from --init-adapter trains "
+                        "without dropout; leave --lora-dropout out (the run records it)")
 
 
 def student_and_teacher(model, config: TrainConfig):

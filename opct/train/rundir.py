@@ -34,6 +34,17 @@ def _same_file(saved: str, now: str, saved_out: str, now_out: str) -> bool:
         os.path.relpath(os.path.abspath(now), os.path.abspath(now_out))
 
 
+CONFIG_DIGEST = "run_config"  # in inputs.json: `config_digest` of the run's config.json written beside it
+
+
+def config_digest(config: dict) -> str:
+    """The SHA-256 of a configuration as JSON reads it back (key order and layout aside)."""
+    import hashlib
+
+    canonical = json.dumps(json.loads(json.dumps(config)), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: int = 1) -> None:
     """Refuse to overwrite a run, or to resume one with another configuration, or to resume one already past the
     steps asked for; a run without a checkpoint (killed before its first) is started over when resumed. `out` itself
@@ -89,6 +100,14 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
         if problem is not None:
             raise OpctError(f"{inputs_path}: {problem} (the file is damaged or was edited): this run's inputs cannot "
                             f"be checked against these; put the original back, or start a new run")
+        # config.json as the run last wrote it (recorded since 2026-12-07 evening): a key removed since counted as
+        # its default and one edited as the value given now, so a resume went on with other hyperparameters unsaid
+        recorded = saved_inputs.get(CONFIG_DIGEST)
+        if recorded is not None and saved_path.exists() and recorded != config_digest(saved):
+            raise OpctError(f"{saved_path}: edited since the run last started (its contents differ from what "
+                            f"{inputs_path} records): a field removed would count as its default and one changed as "
+                            f"the value given now, so the run could go on with other settings unsaid; put the "
+                            f"original back, or start a new run")
         changed = changed_inputs(saved_inputs, inputs)
         if changed:
             names = ", ".join(_input_named(config, k) for k in changed)
@@ -109,7 +128,7 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
             shutil.rmtree(out / "tb", ignore_errors=True)
         # inputs.json first: it marks a training run, so another rank's `_check_not_foreign`, reading the directory
         # meanwhile, never finds a config.json without it (a DDP launch failed on that, 2026-12-07)
-        write_json_atomic(inputs_path, inputs)
+        write_json_atomic(inputs_path, {**inputs, CONFIG_DIGEST: config_digest(asdict(config))})
         write_json_atomic(saved_path, asdict(config))
 
 
@@ -197,18 +216,33 @@ def _input_named(config: TrainConfig, key: str) -> str:
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop metric lines past the checkpoint being resumed (a killed run may have logged further), and any line a
     kill tore."""
-    if not path.exists():
-        return
-    kept, unreadable = [], []
-    lines = path.read_bytes().decode("utf-8", "replace").splitlines()
+    kept, unreadable, steps = [], [], set()
+    lines = path.read_bytes().decode("utf-8", "replace").splitlines() if path.exists() else []
     for i, line in enumerate(lines, 1):
         try:
-            if json.loads(line)["step"] <= step:
+            if (n := json.loads(line)["step"]) <= step:
                 kept.append(line)
+                steps.add(n)
         except (json.JSONDecodeError, KeyError, TypeError):  # a line torn by the kill
             unreadable.append(i)
     if any(n != len(lines) for n in unreadable):  # only the last line can be torn by a kill: say what was lost
         print(f"opct train: {path}: dropped {len(unreadable)} unreadable line(s) (line "
               + ", ".join(map(str, unreadable[:10])) + (", ..." if len(unreadable) > 10 else "")
               + "); the file was damaged or edited, so those steps have no metrics", file=sys.stderr)
-    files.write_atomic(path, "".join(ln + "\n" for ln in kept))
+    # lines removed, or the file (found 2026-12-07 evening: the run went on, its curve silently short of them)
+    if gone := [n for n in range(1, step + 1) if n not in steps]:
+        print(f"opct train: {path}: {'missing' if not lines else 'lacks the lines of ' + _steps(gone)}; the "
+              f"checkpoint trained step{'s' if step > 1 else ''} 1-{step}, so {_steps(gone)} "
+              f"{'have' if len(gone) > 1 else 'has'} no metrics (the file was removed or edited)", file=sys.stderr)
+    if path.exists() or kept:
+        files.write_atomic(path, "".join(ln + "\n" for ln in kept))
+
+
+def _steps(ns: list[int]) -> str:
+    """Step numbers as runs: 'steps 1-3, 7' / 'step 2'."""
+    runs, start = [], ns[0]
+    for a, b in zip(ns, ns[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}-{a}" if a > start else str(a))
+            start = b
+    return ("steps " if len(ns) > 1 else "step ") + ", ".join(runs)

@@ -31,7 +31,8 @@ MAX_NEW_TOKENS = 48
 
 
 def _put(profile: dict, name: str, m: dict, complement: bool = False) -> None:
-    profile[name] = round(1 - m["value"] if complement else m["value"], 4)
+    v = m["value"]  # None when no answer parsed: no rate, never a number a target could pass on
+    profile[name] = None if v is None else round(1 - v if complement else v, 4)
     profile[f"n_{name}"] = m["n"]
     if m.get("parse_fail"):
         profile[f"parse_fail_{name}"] = m["parse_fail"]
