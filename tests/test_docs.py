@@ -143,3 +143,19 @@ def test_the_readmes_inspect_commands_name_real_tasks_and_arguments():
                 assert name in task_args, f"{' '.join(argv)}: -T {name} is no task argument"
             elif argv[argv.index("--model") + 1] == "opct/local":
                 assert name in _ARGS, f"{' '.join(argv)}: -M {name} is no opct/local model argument"
+
+
+def test_python_dash_m_opct_is_the_opct_command():
+    """`python -m opct` said "No module named opct.__main__" (found 2026-12-07 evening): where the `opct` script is not
+    on PATH, it is the command; its exit status is the command's."""
+    import os
+    import subprocess
+    import sys
+
+    from checkout import pythonpath
+
+    env = {**os.environ, "PYTHONPATH": pythonpath()}
+    ok = subprocess.run([sys.executable, "-m", "opct", "--help"], capture_output=True, text=True, env=env)
+    assert ok.returncode == 0 and ok.stdout.startswith("usage: opct "), ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "opct", "nosuch"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "invalid choice: 'nosuch'" in bad.stderr
