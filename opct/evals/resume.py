@@ -184,26 +184,27 @@ def check_resume(cfg, attack_cfg, resume: bool, inputs: dict | None = None) -> t
     return None
 
 
-def unfinished(out: Path) -> str | None:
-    """Why the eval run directory `out` holds no finished evaluation, or None. A cell's done.json vouches for its
-    evaluation; a metrics.json removed, emptied or cut since was read as a cell measured (a report's dashes, a rerun
-    that skipped it, exit 0). Needed: a metrics.json with metrics; with a run.json (an `opct eval` run's), some metric
-    of every axis it lists as done. A metrics.json there but malformed is an OpctError naming it."""
+def finished_metrics(out: Path) -> tuple[dict | None, str | None]:
+    """(the metrics, None) of the finished evaluation in the eval run directory `out`, or (None, why it holds none).
+    A cell's done.json vouches for its evaluation; a metrics.json removed, emptied or cut since was read as a cell
+    measured (a report's dashes, a rerun that skipped it, exit 0). Needed: a metrics.json with metrics; with a
+    run.json (an `opct eval` run's), some metric of every axis it lists as done. A metrics.json there but malformed
+    is an OpctError naming it."""
     from opct.files import dir_there, read_json
     from opct.report.rundir import read_metrics
 
     if not dir_there(out) or not (out / "metrics.json").exists():
-        return f"no {out.name}/metrics.json"
+        return None, f"no {out.name}/metrics.json"
     metrics = read_metrics(out / "metrics.json")
     if not metrics:
-        return f"{out.name}/metrics.json holds no metrics"
+        return None, f"{out.name}/metrics.json holds no metrics"
     if not (out / "run.json").exists():  # metrics assembled by hand or by another tool: they are what there is
-        return None
+        return metrics, None
     saved = read_json(out / "run.json", "eval run")
     done = saved.get("done") if isinstance(saved, dict) else None
     # the axes run.json lists, not today's registry (an older run did not have every axis); run.json's shape is its
     # readers' to check (`opct.report.rundir.eval_failures`, `resumed`)
     for axis in done if isinstance(done, list) else []:
         if not any(k.split(".")[0] == axis for k in metrics):
-            return f"{out.name}/metrics.json holds nothing of axis {axis}"
-    return None
+            return None, f"{out.name}/metrics.json holds nothing of axis {axis}"
+    return metrics, None

@@ -10,10 +10,10 @@ Everything lands under `OUT/NAME/` (DESIGN §1: stages talk only through files):
     report.html, results.md   `opct report`
 
 A cell with done.json is skipped, so an interrupted experiment resumes where it stopped (unless its evaluation's
-files were removed or emptied since, `opct.evals.resume.unfinished`: then the cell runs again, its training kept); a
-cell whose training was interrupted continues from its last checkpoint (`opct train --resume`), exactly. Changing
-the experiment's configuration under an existing directory is an error (start a new name), because the finished
-cells would no longer belong to it.
+files were removed or emptied since, `opct.evals.resume.finished_metrics`: then the cell runs again, its training
+kept); a cell whose training was interrupted continues from its last checkpoint (`opct train --resume`), exactly.
+Changing the experiment's configuration under an existing directory is an error (start a new name), because the
+finished cells would no longer belong to it.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def cell_dir(root: Path, arm: str, seed: int) -> Path:
 
 def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     """Run every (seed, arm) cell not already done; write the report; return the experiment directory."""
-    from opct.evals.resume import unfinished
+    from opct.evals.resume import finished_metrics
     from opct.modeldir import check_device
     from opct.policy import count_parameters, cpu_threads
 
@@ -147,7 +147,7 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
             for i, (seed, arm) in enumerate(cells, 1):
                 d = cell_dir(root, arm, seed)
                 if (d / "done.json").exists():
-                    if not (why := unfinished(d / "eval")):
+                    if not (why := finished_metrics(d / "eval")[1]):
                         log(f"[{i}/{len(cells)}] {arm} seed {seed}: done already, skipped")
                         continue
                     # damaged since it was done: its training is kept (final/), its evaluation resumed or redone

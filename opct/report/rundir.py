@@ -6,11 +6,11 @@
     runs/<name>/<arm>/<seed>/eval/metrics.json    {metric: {"value", "ci_low", "ci_high", "n", "higher_is_better", ...}}
     runs/<name>/<arm>/<seed>/eval/run.json        the eval's settings; `lm_eval_errors`: lm-eval tasks that failed
 
-A cell counts only when done.json is there and its eval/ holds a finished evaluation (`opct.evals.resume.unfinished`:
-a metrics.json removed or emptied since is no cell measured); every other (arm, seed) of the experiment is listed as
-missing with the reason, so a report of a half-finished experiment still builds and says what it lacks; so is what
-a complete cell's evaluation failed to measure (`failed`). Files that are present but malformed are errors naming
-the file: a report must not silently drop a result.
+A cell counts only when done.json is there and its eval/ holds a finished evaluation
+(`opct.evals.resume.finished_metrics`: a metrics.json removed or emptied since is no cell measured); every other (arm,
+seed) of the experiment is listed as missing with the reason, so a report of a half-finished experiment still builds
+and says what it lacks; so is what a complete cell's evaluation failed to measure (`failed`). Files that are present
+but malformed are errors naming the file: a report must not silently drop a result.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def check_lists(exp: dict, exp_path) -> None:
 
 
 def load_run(run_dir) -> Run:
-    from opct.evals.resume import unfinished
+    from opct.evals.resume import finished_metrics
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -156,11 +156,11 @@ def load_run(run_dir) -> Run:
                 missing.append((arm, seed, "incomplete (no done.json)"))
                 continue
             done = read_checked(d / "done.json", "done", OBJECT)
-            if why := unfinished(d / "eval"):  # damaged since: not shown as measured (`opct run` evaluates it again)
+            metrics, why = finished_metrics(d / "eval")
+            if why:  # damaged since: not shown as measured (`opct run` evaluates it again)
                 missing.append((arm, seed, f"done.json, but {why}"))
                 continue
-            cells[(arm, seed)] = SeedRun(arm, seed, d, done, read_metrics(d / "eval" / "metrics.json"),
-                                         read_curve(d / "train" / "metrics.jsonl"))
+            cells[(arm, seed)] = SeedRun(arm, seed, d, done, metrics, read_curve(d / "train" / "metrics.jsonl"))
             failed += [(arm, seed, why) for why in eval_failures(d / "eval")]
     return Run(run_dir, exp, list(arms), list(seeds), cells, missing, failed)
 

@@ -177,10 +177,9 @@ def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfi
 
     done = out / "done.json"
     if done.exists():  # emptied or cut since (a KeyError, or no metric a study names): evaluated again, resumed
-        from opct.shapes import read_checked
-        from opct.threats.matrix import DONE_SHAPE
+        from opct.threats.matrix import done_metrics
 
-        if metrics := read_checked(done, "evaluation", DONE_SHAPE).get("metrics"):
+        if metrics := done_metrics(done, "evaluation"):
             return metrics
     policy = load_policy(model_dir, adapter=adapter, dtype=ec.dtype, device=ec.device, progress=ec.progress)
     metrics: dict = {}

@@ -27,6 +27,12 @@ SETTINGS_SHAPE = {"seeds?": [INT], "threats?": [NAME], "methods?": [NAME], "no_s
 DONE_SHAPE = {"metrics?": (None, {"*": {"value?": (None, NUM)}}), "seconds?": (None, {"*": NUM})}
 
 
+def done_metrics(path: Path, what: str) -> dict | None:
+    """The metrics a cell's done.json holds (checked against DONE_SHAPE; an error naming the file when malformed), or
+    None when they were removed or emptied since: the cell is then no cell measured, and its runner runs it again."""
+    return read_checked(path, what, DONE_SHAPE).get("metrics") or None
+
+
 def value_of(metrics: dict | None, name: str) -> float | None:
     m = (metrics or {}).get(name)
     v = m.get("value") if isinstance(m, dict) else None

@@ -86,8 +86,7 @@ def run_threats(cfg: ThreatsConfig, log=print) -> Path:
     """Run every cell not already done; write cross_threat.json; return the run directory."""
     from opct.experiment.runner import resolve_model
     from opct.policy import count_parameters, cpu_threads
-    from opct.shapes import read_checked
-    from opct.threats.matrix import DONE_SHAPE, write_matrix
+    from opct.threats.matrix import done_metrics, write_matrix
     from opct.train.loop import check_samplers
 
     check_samplers({f"method {m}": cfg.train_config(m) for m in cfg.methods})  # before any cell runs
@@ -118,7 +117,7 @@ def run_threats(cfg: ThreatsConfig, log=print) -> Path:
                 log(f"{tag}: {NO_SIGNAL}, not trained")
                 continue
             if (d / "done.json").exists():
-                if read_checked(d / "done.json", "threats cell", DONE_SHAPE).get("metrics"):
+                if done_metrics(d / "done.json", "threats cell"):
                     log(f"{tag}: done already, skipped")
                     continue
                 # emptied since (`matrix.build_matrix` lists it as damaged): its training kept, its evaluation resumed

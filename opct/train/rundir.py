@@ -232,9 +232,9 @@ def truncate_metrics(path: Path, step: int) -> None:
     # lines removed, or the file (found 2026-12-07 evening: the run went on, its curve silently short of them)
     if gone := [n for n in range(1, step + 1) if n not in steps]:
         print(f"opct train: {path}: {'missing' if not lines else 'lacks the lines of ' + _steps(gone)}; the "
-              f"checkpoint trained step{'s' if step > 1 else ''} 1-{step}, so {_steps(gone)} "
+              f"checkpoint trained {_steps(list(range(1, step + 1)))}, so {_steps(gone)} "
               f"{'have' if len(gone) > 1 else 'has'} no metrics (the file was removed or edited)", file=sys.stderr)
-    if path.exists() or kept:
+    if path.exists():
         files.write_atomic(path, "".join(ln + "\n" for ln in kept))
 
 
