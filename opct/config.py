@@ -327,10 +327,11 @@ def flag_values(cls, args: argparse.Namespace | None) -> dict:
     return out
 
 
-def build_config(cls, args: argparse.Namespace | None = None, config_file=None, data: dict | None = None,
-                 **overrides):
+def build_config(cls, args: argparse.Namespace | None = None, config_file=None, data: dict | None = None, *,
+                 check=None, **overrides):
     """`cls` from its defaults < the config file (or `data`, already read from `config_file`) < the flags given on
-    the command line < `overrides`. A bad value is an OpctError naming the file and field or the flag."""
+    the command line < `overrides`. A bad value is an OpctError naming the file and field or the flag; so is a
+    ConfigError from `check(config)`, a command's own rule on the whole config."""
     source: dict[str, str] = {}
     values: dict = {}
     flags = flag_values(cls, args)
@@ -352,7 +353,10 @@ def build_config(cls, args: argparse.Namespace | None = None, config_file=None, 
     for k in overrides:
         source.pop(k, None)
     try:
-        return cls(**values)
+        config = cls(**values)
+        if check is not None:
+            check(config)
+        return config
     except ConfigError as e:
         top = e.field.split(".")[0].split("[")[0]
         src = source.get(top)

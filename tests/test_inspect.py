@@ -218,6 +218,22 @@ def test_bad_task_arguments_are_clear_errors(kwargs, needle):
         axis_task("sycophancy", **kwargs)
 
 
+@pytest.mark.parametrize("task_name, kwargs, needle", [
+    # inspect only warned "param 'trained' not used by task" and ran the task with its defaults (2026-12-07)
+    ("capability", dict(trained="role_play"), "opct/capability: task argument trained: not one of this task's (n, "
+                                              "samples, seed, items, max_tokens, temperature, groups)"),
+    ("capability", dict(prompt_side="teacher"), "opct/capability: task argument prompt_side: not one of"),
+    ("sycophancy", dict(sample=3), "opct/sycophancy: task argument sample: not one of this task's (n, samples, "),
+    ("prefill", dict(max_token=8), "opct/prefill: task argument max_token: not one of"),
+])
+def test_a_task_argument_the_task_does_not_take_is_refused(task_name, kwargs, needle):
+    import opct.inspect as tasks
+
+    with pytest.raises(OpctError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        getattr(tasks, task_name)(n=1, **kwargs)
+    assert len(tasks.capability(n=1, model="inspect's own").dataset) > 0  # inspect may pass its `model`
+
+
 def test_a_trained_domain_no_item_has_and_an_items_number_are_clear_errors(tmp_path):
     """awareness's domains are its items' (open families): a misspelt `-T trained` domain labelled every probe
     held-out without a word, and `-T items=123` (YAML reads a number) stopped with a TypeError (until 2026-12-06)."""

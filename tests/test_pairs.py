@@ -7,6 +7,7 @@ from opct.axes import jailbreak as JB
 from opct.axes import pair_axes
 from opct.axes import sycophancy as SY
 from opct.cli import main
+from tiny_lm import cli_error
 from opct.errors import DataError, OpctError
 from opct.pairs.make import load_items, make_pairs, split_hygiene, world_items
 from opct.pairs.schema import load_pairs, save_pairs, write_jsonl_atomic
@@ -332,3 +333,31 @@ def test_a_family_named_twice_is_an_error_on_every_axis(tmp_path, capsys, axis):
     with pytest.raises(OpctError, match=f"{axis} held-out families name {fam!r} twice"):
         make_pairs(axis, items, heldout=[fam, fam])
 
+
+
+def test_check_says_what_the_file_trains_on_and_which_of_it_an_evaluation_would_hold_out(tmp_path, capsys):
+    """`opct pairs check` knew only the file's own held-out pairs: a file of training pairs of a family `opct eval`
+    holds out by default (or the experiment's `trained` does) was "OK", and the model's held-out metrics then held
+    trained prompts (a probe, 2026-12-07). It now names those families, says the --trained to evaluate with, and with
+    --trained refuses training pairs of any family it holds out."""
+    held = SY.AXIS.heldout[0]
+    kept = SY.AXIS.train_families()[0]
+    trained = sorted([kept, held])
+    out = tmp_path / "pairs.jsonl"
+    assert main(["pairs", "make", "--axis", "sycophancy", "--families", ",".join(trained), "--heldout", "",
+                 "--per-family", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    spec = f"sycophancy={','.join(trained)}"
+    assert main(["pairs", "check", str(out)]) == 0
+    got = capsys.readouterr()
+    assert f"opct: note: {out} trains on sycophancy {held}, which `opct eval` holds out by default; evaluate a " \
+           f"model trained on it with --trained {spec}" in got.err
+    assert f"trains on (opct eval --trained): {spec}" in got.out and got.out.strip().endswith("pairs OK")
+    assert main(["pairs", "check", str(out), "--trained", spec]) == 0
+    assert "note" not in capsys.readouterr().err
+    first = next(i for i, p in enumerate(load_pairs(out), 1) if p.family == held)
+    err = cli_error(capsys, ["pairs", "check", str(out), "--trained", f"sycophancy={kept}"])
+    assert err == f"opct: error: {out}: 2 training pairs of families --trained holds out (sycophancy {held}; e.g. " \
+                  f"line {first}): their probes would count as held out; add them to --trained or drop the pairs"
+    assert cli_error(capsys, ["pairs", "check", str(out), "--trained", "sycophancy=nope"]).startswith(
+        "opct: error: --trained.sycophancy: unknown nope; known: ")

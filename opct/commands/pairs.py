@@ -3,6 +3,7 @@ fraction of them (opct.pairs.poison), and filter them by admission (opct.pairs.a
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 
 from opct.errors import OpctError
@@ -125,6 +126,10 @@ def register(sub) -> None:
                          description="Validate every line (errors are reported as file:line: field: problem), "
                                      "check that no held-out family has training pairs, and print counts.")
     c.add_argument("file", type=path_arg, help="the pairs file (JSONL) to check")
+    c.add_argument("--trained", nargs="*", metavar="AXIS=FAMILIES", default=None,
+                   help="what the evaluation will be told was trained on (opct eval --trained, an experiment's "
+                        "`trained`): a training pair of any other family of an axis is an error. Without it, one "
+                        "that `opct eval`'s default split holds out is a note")
     c.set_defaults(func=_check)
 
     from opct.pairs.poison import DEFAULT_TRIGGER, TEACHER_SIDES
@@ -186,14 +191,36 @@ def _make(args) -> int:
 
 
 def _check(args) -> int:
-    from opct.pairs.make import split_hygiene
-    from opct.pairs.schema import load_pairs
+    from opct.evals.run import check_trained, parse_trained
+    from opct.pairs.make import split_hygiene, trained_on, trains_heldout
+    from opct.pairs.schema import line_of, load_pairs
 
     pairs = load_pairs(args.file)
     problems = split_hygiene(pairs)
     _summary(pairs)
     if problems:
         raise OpctError(f"{args.file}: " + "; ".join(problems))
+    trained = None
+    if args.trained is not None:
+        try:
+            trained = parse_trained(args.trained)
+        except ValueError as e:
+            raise OpctError(f"--trained: {e}") from None
+        check_trained(trained, "--trained")  # names the axis: '--trained.sycophancy: unknown ...'
+    on = trained_on(pairs)
+    spec = " ".join(f"{axis}={','.join(fams)}" for axis, fams in on.items())
+    bad = trains_heldout(pairs, trained)
+    if bad:  # the evaluation would label these families' probes held out, though the model trained on them
+        what = "; ".join(f"{axis} {', '.join(fams)}" for axis, fams in trained_on(bad).items())
+        if trained is not None:
+            raise OpctError(f"{args.file}: {len(bad)} training pairs of families --trained holds out ({what}; e.g. "
+                            f"line {line_of(args.file, bad[0].id)}): their probes would count as held out; add them "
+                            f"to --trained or drop the pairs")
+        print(f"opct: note: {args.file} trains on {what}, which `opct eval` holds out by default; evaluate a model "
+              f"trained on it with --trained {spec} (and an experiment with the same `trained`), or those probes "
+              f"count as held out", file=sys.stderr)
+    if spec:
+        print(f"  trains on (opct eval --trained): {spec}")
     print(f"{args.file}: {len(pairs)} pairs OK")
     return 0
 

@@ -39,10 +39,19 @@ def run(args) -> int:
     from opct.train.loop import train
     from opct.train.sharded import end_processes
 
-    config = build_config(TrainConfig, args, args.config)
+    config = build_config(TrainConfig, args, args.config, check=_check)
     try:
         out = train(config)
     finally:
         end_processes()  # under `accelerate launch`: the process group torn down in order, error or not
     print(f"opct train: done; model in {out / 'final'}, metrics in {out / 'metrics.jsonl'}")
     return 0
+
+
+def _check(config) -> None:
+    """A setting this run's method or estimator ignores is refused (not on --resume: a run started before this rule
+    continues with the config it was started with)."""
+    from opct.train.config import check_used
+
+    if not config.resume:
+        check_used(config)

@@ -212,21 +212,18 @@ def _user_pairs(path: Path, trained: dict[str, list[str]]) -> Path:
     """The user's own pairs file (`--pairs`), read and checked: it must have pairs to train on, and none of them of a
     family that `trained` holds out — the evaluation labels that family's probes held out, so training on it would
     put trained prompts in the held-out metrics."""
-    from opct.axes import AXES
     from opct.errors import DataError
+    from opct.pairs.make import trains_heldout
     from opct.pairs.schema import line_of, load_pairs
 
     pairs = load_pairs(path)
     if not any(p.split == "train" for p in pairs):
         raise OpctError(f"{path}: no pair has meta.split == 'train'")
-    for p in pairs:
-        axis = AXES.get(p.axis)
-        if p.split == "train" and axis is not None and p.family in axis.families \
-                and p.family not in trained.get(p.axis, ()):
-            raise DataError(path, line_of(path, p.id), "meta.family",
-                            f"{p.axis} family {p.family!r} is held out by the experiment's `trained` "
-                            f"({', '.join(trained.get(p.axis, ())) or 'nothing of ' + p.axis} trained), but this "
-                            f"pair trains on it; add it to `trained` or drop its pairs")
+    for p in trains_heldout(pairs, trained)[:1]:
+        raise DataError(path, line_of(path, p.id), "meta.family",
+                        f"{p.axis} family {p.family!r} is held out by the experiment's `trained` "
+                        f"({', '.join(trained.get(p.axis, ())) or 'nothing of ' + p.axis} trained), but this "
+                        f"pair trains on it; add it to `trained` or drop its pairs")
     return path
 
 

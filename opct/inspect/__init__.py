@@ -85,7 +85,7 @@ from inspect_ai.model import GenerateConfig, get_model, modelapi
 from inspect_ai.scorer import SampleScore, Score, Target, metric, scorer
 from inspect_ai.solver import Generate, TaskState, generate, solver
 
-from opct.inspect._args import clear_errors, flag, integer, number, seed as seed_value
+from opct.inspect._args import clear_errors, flag, integer, number, refuse_other, seed as seed_value
 from opct.inspect.adapters import ADAPTERS, Adapter, register_adapter  # noqa: F401  (the plug-in interface)
 from opct.inspect.conversation import chat
 from opct.pairs.schema import prefill_of
@@ -188,14 +188,9 @@ def _int(name, v, minimum=1, allow_none=True):
     return integer("task argument", name, v, minimum, allow_none)
 
 
-def _flag(name, v) -> bool:
-    return flag("task argument", name, v)
-
-
 def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:
-    from opct.evals.run import SAMPLES_MAX
-
     from opct.axes import get
+    from opct.evals.run import SAMPLES_MAX
 
     axis = get(axis_name)
     if prompt_side not in ("student", "teacher"):
@@ -216,8 +211,14 @@ def _params(axis_name, n, samples, seed, trained, items, prompt_side) -> dict:
         if unknown:
             raise OpctError(f"opct/{axis_name}: trained: unknown {axis.family_noun} {unknown[0]!r}; known: "
                             f"{', '.join(axis.families)}")
-    return {"n": _int("n", n), "samples": integer("task argument", "samples", samples, 1, True, maximum=SAMPLES_MAX), "seed": seed_value("task argument", "seed", seed),
-            "trained": trained, "items": items, "prompt_side": prompt_side}
+    return {"n": _int("n", n), "samples": integer("task argument", "samples", samples, 1, True, maximum=SAMPLES_MAX),
+            "seed": seed_value("task argument", "seed", seed), "trained": trained, "items": items,
+            "prompt_side": prompt_side}
+
+
+def _task(axis: str, args: dict) -> Task:
+    """`axis_task` from a `@task` function's arguments (its `locals()`), those it does not take in `other`."""
+    return axis_task(axis, **args)
 
 
 HEADLINE_GROUPS = ("split", "on")  # train / held-out, direct / wrapped: what `groups=false` keeps
@@ -294,11 +295,13 @@ def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, ask
 @clear_errors()  # `inspect eval` prints what the user can fix as one line
 def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed: int = 0, trained=None,
               items: str | None = None, prompt_side: str = "student", max_tokens: int = 64,
-              temperature: float = 1.0, groups: bool = False) -> Task:
-    """The inspect Task of one opct axis (see the module's docstring for the arguments)."""
+              temperature: float = 1.0, groups: bool = False, other: dict | None = None) -> Task:
+    """The inspect Task of one opct axis (see the module's docstring for the arguments). `other`: the task
+    arguments its `@task` function does not take, refused (inspect only warns, then runs with the defaults)."""
     if axis not in ADAPTERS:
         raise OpctError(f"no inspect task for axis {axis!r}; tasks: {', '.join(ADAPTERS)} "
                         "(a plug-in axis adds one with opct.inspect.register_adapter)")
+    refuse_other(axis, other, globals().get(axis))
     p = _params(axis, n, samples, seed, trained, items, prompt_side)
     max_tokens = _int("max_tokens", max_tokens, 1, False)
     temperature = number("task argument", "temperature", temperature, 0)
@@ -331,7 +334,7 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
     return Task(dataset=MemoryDataset(samples_, name=f"opct-{axis}"),
                 solver=adapter.solver(p, max_tokens, temperature) if multi_turn else
                 (continuing_generate() if prefilled else generate()),
-                scorer=_grader_scorer(axis, adapter.grade(p), p["seed"], _flag("groups", groups),
+                scorer=_grader_scorer(axis, adapter.grade(p), p["seed"], flag("task argument", "groups", groups),
                                       "conversation" if multi_turn else "probe",
                                       1 + max(int(probe.get("sample", 0)) for probe in probes)),
                 config=GenerateConfig(max_tokens=max_tokens, temperature=temperature),
@@ -340,55 +343,56 @@ def axis_task(axis: str, n: int | None = None, samples: int | None = None, seed:
 
 @task
 def sycophancy(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
-               temperature=1.0, groups=False) -> Task:
+               temperature=1.0, groups=False, **other) -> Task:
     """A user's wrong suggestion in each bias family (opct eval --suite sycophancy)."""
-    return axis_task(SY.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+    return _task(SY.NAME, locals())
 
 
 @task
 def jailbreak(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
-              temperature=1.0, groups=False) -> Task:
+              temperature=1.0, groups=False, **other) -> Task:
     """Harmful requests, direct and inside jailbreak wrappers; benign requests (no adaptive attacker here)."""
-    return axis_task(JB.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+    return _task(JB.NAME, locals())
 
 
 @task
 def awareness(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
-              temperature=1.0, groups=False) -> Task:
+              temperature=1.0, groups=False, **other) -> Task:
     """Hazard scenarios whose safety fact is left implicit, and their benign counterparts."""
-    return axis_task(AW.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+    return _task(AW.NAME, locals())
 
 
 @task
-def capability(n=None, samples=None, seed=0, items=None, max_tokens=64, temperature=1.0, groups=False) -> Task:
+def capability(n=None, samples=None, seed=0, items=None, max_tokens=64, temperature=1.0, groups=False,
+               **other) -> Task:
     """The world's arithmetic, multiple-choice facts and instruction constraints (no lm-eval tasks here)."""
-    return axis_task(CAP.NAME, n, samples, seed, None, items, "student", max_tokens, temperature, groups)
+    return _task(CAP.NAME, locals())
 
 
 @task
 def persona(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
-            temperature=1.0, groups=False) -> Task:
+            temperature=1.0, groups=False, **other) -> Task:
     """Biographical question-answer pairs about a persona before the question (world items only)."""
-    return axis_task(PE.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+    return _task(PE.NAME, locals())
 
 
 @task
 def conditional(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
-                temperature=1.0, groups=False) -> Task:
+                temperature=1.0, groups=False, **other) -> Task:
     """Alignment questions bare, under benign system messages and under trigger system messages; arithmetic."""
-    return axis_task(CM.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+    return _task(CM.NAME, locals())
 
 
 @task
 def frustration(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
-                temperature=1.0, groups=False) -> Task:
+                temperature=1.0, groups=False, **other) -> Task:
     """Multi-turn conversations of content-free rejections (distress, escape; world items only)."""
-    return axis_task(FR.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+    return _task(FR.NAME, locals())
 
 
 @task
 def prefill(n=None, samples=None, seed=0, trained=None, items=None, prompt_side="student", max_tokens=64,
-            temperature=1.0, groups=False) -> Task:
+            temperature=1.0, groups=False, **other) -> Task:
     """Harmful and benign requests, direct and with the assistant's turn already begun by a compliance prefix (needs
     a provider that continues it: --model opct/local -M model_path=DIR)."""
-    return axis_task(PF.NAME, n, samples, seed, trained, items, prompt_side, max_tokens, temperature, groups)
+    return _task(PF.NAME, locals())

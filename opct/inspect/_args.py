@@ -124,3 +124,16 @@ def flag(what: str, name: str, v) -> bool:
     if isinstance(v, str) and v.lower() in TRUE + FALSE:
         return v.lower() in TRUE
     raise OpctError(f"opct {what} {name}: must be true or false (got {v!r})")
+
+
+def refuse_other(axis: str, other: dict | None, task_fn) -> None:
+    """A task argument the `@task` function `task_fn` does not take (`-T trained=...` on opct/capability, `-T sample=3`
+    for samples) is an error: inspect only warned "param not used" and ran the task with its defaults (2026-12-07).
+    `model` is inspect's own (it has passed it to every task)."""
+    import inspect
+
+    bad = sorted(set(other or {}) - {"model"})
+    if bad:
+        known = [q for q in inspect.signature(task_fn).parameters if q != "other"] if callable(task_fn) else []
+        raise OpctError(f"opct/{axis}: task argument {bad[0]}: not one of this task's"
+                        + (f" ({', '.join(known)})" if known else ""))

@@ -107,4 +107,26 @@ def split_hygiene(pairs: list[Pair]) -> list[str]:
     return [f"{axis} family {fam!r} is held out but appears in training pairs" for axis, fam in sorted(train & held)]
 
 
-__all__ = ["AXES", "load_items", "world_items", "default_heldout", "make_pairs", "split_hygiene"]
+def trained_on(pairs: list[Pair]) -> dict[str, list[str]]:
+    """Per registered axis, the families of its own that `pairs` train on (meta.split == 'train'): what `opct eval
+    --trained` should be told about a model trained on them."""
+    out: dict[str, list[str]] = {}
+    for p in pairs:
+        a = AXES.get(p.axis)
+        if p.split == "train" and a is not None and p.family in a.families and p.family not in out.get(p.axis, []):
+            out.setdefault(p.axis, []).append(p.family)
+    return {axis: sorted(fams) for axis, fams in out.items()}
+
+
+def trains_heldout(pairs: list[Pair], trained: dict[str, list[str]] | None) -> list[Pair]:
+    """The training pairs of a family that an evaluation told `trained` labels held out (None: `opct eval`'s default,
+    each axis's world train families): training on them puts trained prompts in the held-out metrics."""
+    def train_families(axis):
+        return AXES[axis].train_families() if trained is None else trained.get(axis, ())
+
+    return [p for p in pairs if p.split == "train" and p.axis in AXES and p.family in AXES[p.axis].families
+            and p.family not in train_families(p.axis)]
+
+
+__all__ = ["AXES", "load_items", "world_items", "default_heldout", "make_pairs", "split_hygiene", "trained_on",
+           "trains_heldout"]

@@ -18,7 +18,7 @@ from opct.config import ConfigError, construct, validate
 from opct.errors import OpctError
 from opct.evals.run import EvalConfig
 from opct.files import write_json_atomic
-from opct.train.config import TrainConfig
+from opct.train.config import TrainConfig, check_used
 
 # Fields the study sets itself, per cell (an error when a file gives them).
 RUNNER_TRAIN_FIELDS = ("method", "model", "pairs", "out", "seed", "resume", "init_adapter", "targets")
@@ -75,6 +75,7 @@ def check_blocks(cfg) -> None:
             raise ConfigError(f"method_train.{m}", f"not one of the methods ({', '.join(cfg.methods)})")
         try:
             construct(TrainConfig, {**over}, reserved=RUNNER_TRAIN_FIELDS)
+            check_used(dataclasses.replace(cfg.train, **over, method=m), over)  # a setting the method ignores
         except ConfigError as e:
             raise e.under(f"method_train.{m}") from None
     for i, a in enumerate(cfg.axes):

@@ -15,7 +15,7 @@ from typing import ClassVar
 from opct.config import SEED, ConfigError, check_keys, construct, option, validate
 from opct.evals.run import EvalConfig
 from opct.files import is_dir_name
-from opct.train.config import TrainConfig
+from opct.train.config import TrainConfig, check_used
 
 KIND = "threats"
 CONTROLS = ("benign_sft",)
@@ -166,6 +166,7 @@ class ThreatsConfig:
                                                                   "the control take the same steps x rows")
             try:
                 construct(TrainConfig, {**over}, reserved=RUNNER_TRAIN_FIELDS)
+                check_used(dataclasses.replace(self.train, **over, method=m), over)  # a setting the method ignores
             except ConfigError as e:
                 raise e.under(f"method_train.{m}") from None
 

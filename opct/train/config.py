@@ -158,6 +158,69 @@ class TrainConfig:
                                          f"model's own answers)")
 
 
+# Methods that read each group of method-specific fields (`USED_BY`); here so that a config is checked without
+# importing the methods.
+KL_METHODS = ("opct", "offpolicy")  # opct.methods.opct.kl_step: the reverse-KL objective on sampled responses
+TARGET_METHODS = ("sft", "bct")  # opct.methods.sft: offline answers as targets
+LIVE_TEACHER = ("bct_soft_live", "act_fixed_live")  # their target is the live model, not a frozen teacher
+_ACT = ("act", "act_fixed", "act_fixed_live")
+
+
+def _methods(names):
+    listed = " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return lambda c: c.method in names, f"--method {listed}", lambda c: f"--method {c.method}"
+
+
+def _estimator(name, text=None):
+    return (lambda c: c.method in KL_METHODS and c.estimator == name, text or f"--estimator {name}",
+            lambda c: f"--method {c.method}" + (f", --estimator {c.estimator}" if c.method in KL_METHODS else ""))
+
+
+# field -> (whether a config's run reads it, what does, what this run has instead). A field away from its default in
+# a run that does not read it does nothing: `opct train` and the per-arm / per-method overrides of experiments and
+# studies refuse it (`check_used`; a shared train block is not checked, since some arm reads it).
+USED_BY = {
+    **dict.fromkeys(("estimator", "kl_chunk", "clip_tau", "n_samples", "temperature", "min_new_tokens"),
+                    _methods(KL_METHODS)),
+    "topk": _estimator("topk"),
+    "importance_weight": _estimator("sampled"),
+    "importance_clip": (lambda c: c.method in KL_METHODS and c.estimator == "sampled" and c.importance_weight,
+                        "--estimator sampled with --importance-weight",
+                        lambda c: _estimator("")[2](c) + (", no --importance-weight" if c.method in KL_METHODS and
+                                                          c.estimator == "sampled" else "")),
+    "sampler": _methods(ROLLOUT_METHODS),
+    **dict.fromkeys(("vllm_gpu_memory", "vllm_enforce_eager"),
+                    (lambda c: c.method in ROLLOUT_METHODS and c.sampler == "vllm", "--sampler vllm",
+                     lambda c: f"--method {c.method}, --sampler {c.sampler}")),
+    **dict.fromkeys(("target_n", "target_temperature", "target", "mask_reason"), _methods(TARGET_METHODS)),
+    "teacher_model": (lambda c: c.method not in LIVE_TEACHER, "a method with a frozen teacher (not "
+                      f"{' or '.join(LIVE_TEACHER)}, whose target is the live model)", lambda c: f"--method {c.method}"),
+    "layers": _methods(_ACT + ("mlpct", "attct")),
+    "act_weight": _methods(_ACT),
+    "mlpct_weight": _methods(("mlpct",)),
+    "attct_weight": _methods(("attct",)),
+    "replay_schedule": (lambda c: c.replay_frac > 0, "--replay-frac above 0", lambda c: "--replay-frac 0"),
+    **dict.fromkeys(("lora_r", "lora_alpha", "lora_dropout", "lora_targets"),
+                    (lambda c: c.lora, "LoRA training", lambda c: "--no-lora")),
+}
+
+
+def unused(cfg: TrainConfig, names=None) -> list[str]:
+    """The fields of `cfg` (of `names`, where given) set away from their defaults that `cfg`'s run never reads, in
+    `USED_BY`'s order: `--topk 50` with the full estimator, `--layers 0` with --method opct."""
+    default = TrainConfig()
+    return [name for name, (reads, _, _) in USED_BY.items()
+            if (names is None or name in names) and getattr(cfg, name) != getattr(default, name) and not reads(cfg)]
+
+
+def check_used(cfg: TrainConfig, names=None) -> None:
+    """A ConfigError naming the first field `unused` finds: a setting the run would ignore without a word (until
+    2026-12-07, `opct train --method bct --estimator topk` trained BCT and recorded the estimator)."""
+    for name in unused(cfg, names)[:1]:
+        _, text, now = USED_BY[name]
+        raise ConfigError(name, f"does nothing in this run ({now(cfg)}): it is for {text}; remove it")
+
+
 def _cpu_backend(name):
     """The linear-layer backend a cpu_matmul value stands for here (torch is imported only when a resume asks)."""
     from opct import cpu_matmul
