@@ -187,6 +187,8 @@ def _check_rules(value, meta, name: str) -> None:
                 known = ", ".join(map(str, choices))
                 raise ConfigError(where, f"unknown {meta['noun']} {v!r}; known: {known}" if "noun" in meta
                                   else f"must be one of {known} (got {v!r})")
+            if isinstance(value, list) and v in value[:i]:  # `--log-with tensorboard tensorboard`: two hparams runs
+                raise ConfigError(f"{name}[{i}]", f"{v!r} is given twice")
     numbers = [(name, value)] if not isinstance(value, list) else [(f"{name}[{i}]", v) for i, v in enumerate(value)]
     for where, v in numbers:  # a bound holds for a number, and for each number of a list
         if isinstance(v, (int, float)) and not isinstance(v, bool):

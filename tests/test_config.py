@@ -249,15 +249,17 @@ def test_lora_dropout_is_refused_for_the_methods_that_sample_and_kept_for_the_ot
     from opct.methods import METHODS, ROLLOUTS
     from opct.train.loop import student_and_teacher
 
+    from opct.train.config import check_method
+
     assert ROLLOUTS
     for method in METHODS:
         if method in ROLLOUTS:
             with pytest.raises(ConfigError, match=rf"lora_dropout: must be 0 for --method {method}, which trains on "
                                                   rf"the student's own samples"):
-                TrainConfig(model="m", pairs="p", method=method, lora_dropout=0.1)
-            TrainConfig(model="m", pairs="p", method=method, lora_dropout=0.1, lora=False)  # no adapter: moot
+                check_method(TrainConfig(model="m", pairs="p", method=method, lora_dropout=0.1))
+            check_method(TrainConfig(model="m", pairs="p", method=method, lora_dropout=0.1, lora=False))  # moot
         else:
-            TrainConfig(model="m", pairs="p", method=method, lora_dropout=0.1)
+            check_method(TrainConfig(model="m", pairs="p", method=method, lora_dropout=0.1))
     import tiny_lm
 
     student, _ = student_and_teacher(tiny_lm.make_model(tiny_lm.make_tokenizer()),
@@ -506,3 +508,13 @@ def test_a_bad_file_value_is_refused_even_when_a_flag_replaces_it(tmp_path, caps
     assert cli_error(capsys, ["run", exp, "--seeds", "0"]).startswith(f"opct: error: {exp}: seeds: must be a list")
     good = _yaml(tmp_path, "g.yaml", "max_steps: 5\n")  # a good value a flag replaces: the flag's
     assert build_config(TrainConfig, None, good, max_steps=7).max_steps == 7
+
+
+def test_a_choice_given_twice_in_a_list_option_is_refused(tmp_path, capsys):
+    """`--log-with tensorboard tensorboard` was accepted and wrote two hparams runs (a probe, 2026-12-07), while a
+    repeated seed was refused: a list of choices refuses a repeat, on the command line and in a file."""
+    err = cli_error(capsys, ["train", "--model", "m", "--pairs", "p", "--out", "o", "--log-with", "tensorboard",
+                             "tensorboard"])
+    assert err == "opct: error: --log-with[1]: 'tensorboard' is given twice"
+    path = _yaml(tmp_path, "e.yaml", "log_with: [wandb, tensorboard, wandb]\n")
+    assert cli_error(capsys, ["run", path]) == f"opct: error: {path}: log_with[2]: 'wandb' is given twice"

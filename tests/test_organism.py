@@ -192,6 +192,25 @@ def test_profile_out_that_names_a_file_of_the_model_is_refused(test_organism, tm
     assert out == "" and "opct: error:" in err and str(tmp_path / "f") in err
 
 
+def test_profile_out_replaces_a_profile_but_no_other_file(test_organism, tmp_path, capsys):
+    """`--out OTHER_MODEL/config.json` (or an experiment.json, a metrics.json) was replaced by the profile, leaving the
+    other model unloadable (a probe, 2026-12-07); only the model's own directory was checked. Now an existing file is
+    replaced only when it is a profile."""
+    other = tmp_path / "other_config.json"
+    other.write_text('{"model_type": "llama", "hidden_size": 8}')
+    assert main(["organism", "profile", str(test_organism), "--n", "1", "--out", str(other)]) == 1
+    out, err = capsys.readouterr()
+    assert err.strip().splitlines()[-1] == (f"opct: error: {other}: --out names a file that is not an organism "
+                                            f"profile, which it would replace; choose another --out, or remove the "
+                                            f"file first")
+    assert out == "" and other.read_text() == '{"model_type": "llama", "hidden_size": 8}'
+    profile = tmp_path / "p.json"
+    assert main(["organism", "profile", str(test_organism), "--n", "1", "--out", str(profile)]) == 0
+    first = profile.read_text()
+    assert main(["organism", "profile", str(test_organism), "--n", "1", "--seed", "1", "--out", str(profile)]) == 0
+    assert "arithmetic_acc" in profile.read_text() and first  # a profile is replaced, as asked
+
+
 def test_an_opct_home_that_is_a_file_is_named_before_anything_is_built(tmp_path, monkeypatch, capsys):
     """OPCT_HOME naming a file: the test organism was built (about half a minute, with progress bars) and then could
     not be saved (found 2026-12-07). Named at once now, for the path or any folder above it."""

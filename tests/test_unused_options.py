@@ -156,3 +156,47 @@ def test_a_study_or_matrix_method_override_its_method_ignores_is_refused(tmp_pat
         "replay": {"methods": ["act"], "method_train": {"act": {"mlpct_weight": 2.0}}}}}))
     line = cli_error(capsys, ["run", str(path), "--out", str(tmp_path / "runs")])
     assert "studies.replay.method_train.act.mlpct_weight: does nothing in this run (--method act)" in line, line
+
+
+def test_a_shared_block_is_checked_against_the_methods_that_train_not_the_default_one(tmp_path, capsys):
+    """A threats file of BCT alone with `train: {lora_dropout: 0.1}` was refused "must be 0 for --method opct" (the
+    shared block was made with TrainConfig's default method), while the same value in a method's overrides passed
+    (a probe, 2026-12-07). The method rules now run per method that trains; OPCT still refuses it, by name."""
+    def threats(**over):
+        path = tmp_path / "t.yaml"
+        path.write_text(yaml.safe_dump({"kind": "threats", "threats": ["sycophancy"], **over}))
+        return path
+
+    from opct.threats import load_threats
+
+    assert load_threats(threats(methods=["bct"], train={"lora_dropout": 0.1})).train.lora_dropout == 0.1
+    with pytest.raises(OpctError, match=r"t.yaml: train.lora_dropout: must be 0 for --method opct"):
+        load_threats(threats(methods=["bct", "opct"], train={"lora_dropout": 0.1}))
+    with pytest.raises(OpctError, match=r"method_train.opct.lora_dropout: must be 0 for --method opct"):
+        load_threats(threats(methods=["opct"], method_train={"opct": {"lora_dropout": 0.1}}))
+    from opct.experiment.config import load_experiment
+
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump({"arms": ["base", "bct"], "train": {"lora_dropout": 0.1}}))
+    assert load_experiment(str(path)).arm_config("bct").lora_dropout == 0.1
+    path.write_text(yaml.safe_dump({"arms": ["base", "bct", "opct"], "train": {"lora_dropout": 0.1}}))
+    with pytest.raises(OpctError, match=r"arms.opct.lora_dropout: must be 0 for --method opct"):
+        load_experiment(str(path))
+    # `opct train` and the library's train() keep the rule
+    line = cli_error(capsys, ["train", "--model", "m", "--pairs", "p", "--out", "o", "--lora-dropout", "0.1"])
+    assert line.startswith("opct: error: --lora-dropout: must be 0 for --method opct"), line
+    with pytest.raises(OpctError, match="lora_dropout: must be 0 for --method opct"):
+        train(TrainConfig(model="m", pairs="p", out=str(tmp_path / "r"), lora_dropout=0.1))
+
+
+@pytest.mark.parametrize("field, value", [("lr", 0.5), ("lora_r", 2), ("lr_schedule", "cosine"), ("lora", False)])
+def test_a_threats_method_may_not_train_at_another_lr_or_lora_than_its_control(tmp_path, field, value):
+    """`method_train: {bct: {lr: 0.5}}` trained BCT at 0.5 against a control at 0.001, and the report said every cell
+    trained at 0.001 (a probe, 2026-12-07); the README promised the same LoRA, lr and schedule."""
+    from opct.threats import load_threats
+
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump({"kind": "threats", "methods": ["bct"], "method_train": {"bct": {field: value}}}))
+    with pytest.raises(OpctError, match=rf"method_train.bct.{field}: is the shared train block's: every method and "
+                                        rf"the control take the same steps x rows, LoRA, lr and schedule"):
+        load_threats(path)

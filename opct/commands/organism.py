@@ -64,6 +64,7 @@ def _profile(args) -> int:
         if Path(os.path.realpath(args.out)).parent == model and Path(args.out).exists():
             raise OpctError(f"{args.out}: --out names a file of the model directory {args.model}, which it would "
                             "replace; choose another --out")
+        _is_profile(Path(args.out))
         check_writable(args.out)  # a file where its directory belongs, no permission: before the sampling too
     profile = measure_profile(args.model, n=args.n, seed=args.seed)
     print_profile(profile)
@@ -72,3 +73,22 @@ def _profile(args) -> int:
 
         write_json_atomic(args.out, profile, sort_keys=True)
     return 0
+
+
+def _is_profile(out: Path) -> None:
+    """An existing --out is replaced only when it is a profile written before: any other file was (a model's
+    config.json elsewhere, an experiment.json, a metrics.json: 2026-12-07), leaving what it belonged to unreadable."""
+    import json
+
+    from opct.organism.profile import REQUIRED
+
+    if not out.is_file() or out.stat().st_size == 0:
+        return
+    try:
+        data = json.loads(out.read_text(encoding="utf-8"))
+        ok = isinstance(data, dict) and REQUIRED[0] in data and f"n_{REQUIRED[0]}" in data
+    except (ValueError, OSError):
+        ok = False
+    if not ok:
+        raise OpctError(f"{out}: --out names a file that is not an organism profile, which it would replace; choose "
+                        f"another --out, or remove the file first")

@@ -51,7 +51,8 @@ def run(args) -> int:
 def _check(config) -> None:
     """A setting this run's method or estimator ignores is refused (not on --resume: a run started before this rule
     continues with the config it was started with)."""
-    from opct.train.config import check_used
+    from opct.train.config import check_method, check_used
 
+    check_method(config)
     if not config.resume:
         check_used(config)

@@ -41,7 +41,7 @@ from opct.evals.attack import AttackConfig
 from opct.evals.run import EvalConfig, check_pair_options, check_trained, parse_trained
 from opct.files import is_dir_name
 from opct.trackers import PACKAGES as TRACKERS
-from opct.train.config import TrainConfig, check_used
+from opct.train.config import TrainConfig, check_method, check_used
 
 # Fields of the inner configs that the runner sets itself, per arm and seed.
 RUNNER_TRAIN_FIELDS = ("method", "model", "pairs", "out", "seed", "resume")
@@ -211,7 +211,8 @@ def _check_arm(arm: str, spec: dict, train: TrainConfig, earlier: list[str], arm
             raise ConfigError(f"arms.{arm}.benign_replay", f"must be an integer >= 0 (got {n!r})")
     try:
         tc = construct(TrainConfig, {**_given(train), **overrides}, reserved=RUNNER_TRAIN_FIELDS)
-        if method not in UNTRAINED:  # an arm's own setting its method ignores (the shared block's are for any arm)
+        if method not in UNTRAINED:  # its method's rules; an arm's own setting its method ignores (the shared
+            check_method(dataclasses.replace(tc, method=method))  # block's are for any arm)
             check_used(dataclasses.replace(tc, method=method), overrides)
     except ConfigError as e:
         raise e.under(f"arms.{arm}") from None

@@ -14,7 +14,7 @@ to each prompt, cross-entropy on them) on benign prompts of the world that no ev
 (`opct.pairs.make.replay_pairs`: open fact questions, training-split arithmetic, benign safety questions).
 "Sample-matched" means: the same number of optimizer steps (`train.max_steps`) and the same rows per step
 (`train.batch_size x train.grad_accum` prompts) as every method, with the same LoRA, lr and schedule; the methods'
-per-method overrides may not change those four (`SAMPLE_FIELDS`). It does not match what a row costs: an OPCT row
+per-method overrides may not change those (`MATCHED_FIELDS`). It does not match what a row costs: an OPCT row
 samples `n_samples` responses, a BCT row has one target. The benign prompts do not depend on the threat, so there
 is ONE control per seed, reused by every trained threat of that seed (training it once per threat would train the
 same model again).

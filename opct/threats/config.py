@@ -15,7 +15,7 @@ from typing import ClassVar
 from opct.config import SEED, ConfigError, check_keys, construct, option, validate
 from opct.evals.run import EvalConfig
 from opct.files import is_dir_name
-from opct.train.config import TrainConfig, check_used
+from opct.train.config import TrainConfig, check_method, check_used
 
 KIND = "threats"
 CONTROLS = ("benign_sft",)
@@ -25,6 +25,10 @@ RUNNER_EVAL_FIELDS = ("model", "adapter", "out", "seed", "trained", "suite", "it
                       "prompt_side", "attack")
 # What makes the control sample-matched: a method may not change them (they are the shared `train` block's).
 SAMPLE_FIELDS = ("max_steps", "batch_size", "grad_accum", "replay_frac", "replay_schedule")
+# What the control is matched on besides: a method's overrides may change none of these either (the README's "LoRA,
+# lr and schedule"; until 2026-12-07 only SAMPLE_FIELDS were refused, and a method at lr 0.5 was read against a
+# control at 0.001 under a report line saying every cell trained at 0.001)
+MATCHED_FIELDS = SAMPLE_FIELDS + ("lora", "lora_r", "lora_alpha", "lora_targets", "lr", "lr_schedule", "warmup_steps")
 DEFAULT_METHODS = ("opct", "bct", "act", "mlpct", "attct")
 # --quick: the first seed only (no interval over seeds: cells read "n/a"), fewer steps and items.
 QUICK = {"seeds": 1, "train": {"max_steps": 16, "save_every": 8}, "eval": {"n": 16}}
@@ -160,15 +164,22 @@ class ThreatsConfig:
                 raise ConfigError(f"method_train.{m}", f"not one of the methods ({', '.join(self.methods)})")
             if not isinstance(over, dict):
                 raise ConfigError(f"method_train.{m}", f"must be a mapping of TrainConfig fields (got {over!r})")
-            fixed = [k for k in over if k in SAMPLE_FIELDS]
+            fixed = [k for k in over if k in MATCHED_FIELDS]
             if fixed:
                 raise ConfigError(f"method_train.{m}.{fixed[0]}", "is the shared train block's: every method and "
-                                                                  "the control take the same steps x rows")
+                                                                  "the control take the same steps x rows, LoRA, lr "
+                                                                  "and schedule")
             try:
                 construct(TrainConfig, {**over}, reserved=RUNNER_TRAIN_FIELDS)
                 check_used(dataclasses.replace(self.train, **over, method=m), over)  # a setting the method ignores
             except ConfigError as e:
                 raise e.under(f"method_train.{m}") from None
+        for m in [*self.methods, "sft"]:  # each method's own rules, the control's (sft) included
+            over = self.method_train.get(m, {})
+            try:
+                check_method(dataclasses.replace(self.train, **over, method=m))
+            except ConfigError as e:
+                raise e.under(f"method_train.{m}" if e.field in over else "train") from None
 
     def run_name(self) -> str:
         return self.name + ("-quick" if self.quick and not self.name.endswith("-quick") else "")

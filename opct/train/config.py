@@ -148,14 +148,20 @@ class TrainConfig:
             raise ConfigError("clip_tau", "is not implemented for the fused kl_chunk path (set kl_chunk: 0)")
         if self.mask_reason and self.target == "plain":
             raise ConfigError("mask_reason", "needs target: reason or filler (a plain target has no sentence to mask)")
-        if self.lora_dropout and self.lora and self.method in ROLLOUT_METHODS:
-            raise ConfigError("lora_dropout", f"must be 0 for --method {self.method}, which trains on the student's "
-                                              f"own samples: they are drawn without dropout, and the loss assumes "
-                                              f"the policy it trains is the one that drew them (got "
-                                              f"{self.lora_dropout})")
-        if self.targets and self.method != "sft":
-            raise ConfigError("targets", f"is for --method sft only (got --method {self.method}; BCT trains on the "
-                                         f"model's own answers)")
+
+
+def check_method(cfg: TrainConfig) -> None:
+    """The rules that hold for one method only, checked against the method the run trains (`train()`, `opct train`,
+    and per arm / per method in experiments and studies). Not in `__post_init__`: a shared train block is made with
+    TrainConfig's default method, so a study of BCT alone was refused `lora_dropout` as if it trained OPCT
+    (2026-12-07)."""
+    if cfg.lora_dropout and cfg.lora and cfg.method in ROLLOUT_METHODS:
+        raise ConfigError("lora_dropout", f"must be 0 for --method {cfg.method}, which trains on the student's own "
+                                          f"samples: they are drawn without dropout, and the loss assumes the policy "
+                                          f"it trains is the one that drew them (got {cfg.lora_dropout})")
+    if cfg.targets and cfg.method != "sft":
+        raise ConfigError("targets", f"is for --method sft only (got --method {cfg.method}; BCT trains on the "
+                                     f"model's own answers)")
 
 
 # Methods that read each group of method-specific fields (`USED_BY`); here so that a config is checked without

@@ -37,7 +37,7 @@ from opct.pairs.schema import Pair, load_pairs
 from opct.policy import HFPolicy, hf_progress_bars, load_policy
 from opct.train.checkpoint import (checkpoints, good_checkpoint, latest_checkpoint, resume, rng_kept, save_checkpoint,
                                    write_failed)
-from opct.train.config import TrainConfig
+from opct.train.config import TrainConfig, check_method
 from opct.train.context import RenderedPair, StepContext
 from opct.train import replay, sharded
 from opct.train.guards import check_vocab
@@ -140,6 +140,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     from opct.methods import METHODS, PREPARE, ROLLOUTS
 
     require(config)
+    check_method(config)
     if config.method not in METHODS:
         raise OpctError(f"unknown method {config.method!r}; known: {', '.join(METHODS)}")
     step_fn = METHODS[config.method]
