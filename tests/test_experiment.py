@@ -170,6 +170,16 @@ def test_run_writes_every_cell_resumes_and_labels_splits_by_training(test_organi
     shutil.rmtree(root / "bct/0/eval")
     run_experiment(cfg, log=lambda m: None)
     assert json.loads((root / "bct/0/eval/metrics.json").read_text()) == measured
+    # a cell linked from another arm's folder was read as that arm's: the report showed bct's numbers as opct's and
+    # a rerun skipped it (a probe, 2026-12-07); now both name the done.json
+    (root / "opct/0").rename(root / "opct-0-kept")
+    (root / "opct/0").symlink_to(root / "bct/0")
+    for run in (lambda: load_run(root), lambda: run_experiment(cfg, log=lambda m: None)):
+        with pytest.raises(OpctError, match=r"opct/0/done\.json: arm: 'bct', but the cell's folder is opct/0: a cell "
+                                            r"copied, moved or linked from another folder"):
+            run()
+    (root / "opct/0").unlink()
+    (root / "opct-0-kept").rename(root / "opct/0")
 
     # the same name with other settings is refused; more arms or seeds accumulate
     with pytest.raises(OpctError, match="started with other settings"):

@@ -365,6 +365,37 @@ def test_a_mechanism_json_of_another_shape_is_an_error_naming_it(tmp_path, capsy
     assert f"{run / 'mechanism.json'}: not a mechanism probe result" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("text, problem", [("[" * 100000, "mechanism: nested too deeply to read"),
+                                           (b"{\"a\": \"\xff\"}", "not UTF-8 text"),
+                                           ("{\"summary\": ", "mechanism: not valid JSON")])
+def test_a_mechanism_json_that_cannot_be_read_names_the_file(tmp_path, capsys, text, problem):
+    """A deeply nested mechanism.json gave "opct: error: input: nested too deeply to read", no file named (a probe,
+    2026-12-07); it is read as every other JSON file of a run is (opct.files.read_json)."""
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): BASE_METRICS})
+    path = run / "mechanism.json"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert main(["report", str(run)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"opct: error: {path}") and problem in err, err
+
+
+@pytest.mark.parametrize("done, problem", [({"arm": "bct", "seed": 0}, "arm: 'bct'"),
+                                           ({"arm": "opct", "seed": 7}, "seed: 7"),
+                                           ({"arm": "opct", "seed": "0"}, "seed: '0'")])
+def test_a_done_json_of_another_cell_is_named(tmp_path, capsys, done, problem):
+    """A done.json of another arm or seed (a cell copied or moved between folders) was read as this cell's (a probe,
+    2026-12-07); a done.json without arm and seed (written by hand) is taken as its folder's."""
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base", "opct"]), {("base", 0): BASE_METRICS,
+                                                                        ("opct", 0): BASE_METRICS})
+    path = run / "opct" / "0" / "done.json"
+    path.write_text(json.dumps(done))
+    assert main(["report", str(run)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"opct: error: {path}: {problem}, but the cell's folder is opct/0"), err
+    path.write_text("{}")
+    assert ("opct", 0) in load_run(run).cells
+
+
 def test_unwritable_out_dir_is_a_clear_error(tmp_path):
     run = make_run(tmp_path, dict(EXPERIMENT, arms=["base"]), {("base", 0): {}})
     (tmp_path / "a_file").write_text("")

@@ -108,6 +108,8 @@ def cell_dir(root: Path, arm: str, seed: int) -> Path:
 def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     """Run every (seed, arm) cell not already done; write the report; return the experiment directory."""
     from opct.evals.resume import finished_metrics
+    from opct.report.rundir import check_cell
+    from opct.shapes import OBJECT, read_checked
     from opct.modeldir import check_device
     from opct.policy import count_parameters, cpu_threads
 
@@ -147,6 +149,7 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
             for i, (seed, arm) in enumerate(cells, 1):
                 d = cell_dir(root, arm, seed)
                 if (d / "done.json").exists():
+                    check_cell(d / "done.json", read_checked(d / "done.json", "done", OBJECT), arm, seed)
                     if not (why := finished_metrics(d / "eval")[1]):
                         log(f"[{i}/{len(cells)}] {arm} seed {seed}: done already, skipped")
                         continue

@@ -21,7 +21,6 @@ decide". Written to RUN/mechanism.json; `opct report` adds its tables when the f
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
@@ -277,10 +276,12 @@ def load(run_dir) -> dict | None:
     path = Path(run_dir) / "mechanism.json"
     if not path.exists():
         return None
-    try:
-        data = json.loads(path.read_text())
+    from opct.files import read_json
+
+    data = read_json(path, "mechanism")  # names the file: not UTF-8, a directory, nested too deeply (2026-12-07:
+    try:  # "input: nested too deeply to read", no file)
         markdown(data)  # the file must hold what the report shows: a summary of every arm it names
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError, StopIteration):
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, StopIteration, RecursionError):
         raise OpctError(f"{path}: not a mechanism probe result (rerun `opct mechanism {run_dir}`)") from None
     return data
 
