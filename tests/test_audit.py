@@ -104,6 +104,9 @@ def test_results_measured_on_other_splits_are_not_resumed(tmp_path):
     with pytest.raises(OpctError, match="other splits .sycophancy seed 0"):
         all_splits(cfg(SYC.NAME))
     path.write_text(json.dumps(good))
+    # a changed size draws other splits: named as such (2026-12-07: "written by an earlier opct" of --eval-n 8)
+    with pytest.raises(OpctError, match=r"drawn with other sizes \(.*--eval-n.*\) or by an earlier opct"):
+        all_splits(AuditConfig(**{**cfg(SYC.NAME).__dict__, "eval_n": 8}))
     all_splits(cfg(SYC.NAME, SC.NAME))  # the grid grows over the splits it had
     all_splits(cfg(SC.NAME))  # a run of part of the grid keeps the rest's entries
     assert json.loads(path.read_text())[SYC.NAME] == good[SYC.NAME]
@@ -487,7 +490,7 @@ def test_bad_input_is_a_clear_error(capsys, tmp_path):
     # a NaN rate, and names no audit has, were read into the report (2026-12-07)
     ([json.dumps(r) for r in _cell_rows(RH.NAME, "bct", [0.1])[0]][:1] + [json.dumps(_cell_rows(
         RH.NAME, "bct", [0.1])[0][1]).replace('"misalignment": 0.6', '"misalignment": NaN')],
-     ":2: after.misalignment: must be a finite number (got NaN)"),
+     ":2: after.misalignment: must be a rate from 0 to 1 (got NaN)"),
     ([json.dumps(r) for r in _cell_rows(RH.NAME, "k9", [0.1])[0]], ":2: method: unknown method 'k9' (known: "),
     ([json.dumps(r) for r in _cell_rows("elsewhere", "bct", [0.1])[0]], ":1: organism: unknown organism 'elsewhere'"),
 ])
@@ -520,3 +523,108 @@ def test_a_partial_audit_lists_what_its_config_planned_and_it_lacks(tmp_path):
     assert f"<li>{SYC.NAME} / k1 / seed 1: not run yet</li>" in html_report(s, md).split("<h2>")[0]
     (tmp_path / "config.json").unlink()  # no config (an audit written before it): nothing to compare with
     assert _summary(tmp_path, [_cell_rows(RH.NAME, "bct", [-0.2])])["missing"] == []
+
+
+def _finished_audit(out, organism=RH.NAME, method="bct"):
+    """OUT as a finished audit of one cell leaves it (config.json, splits.json, results.jsonl, cells/), cheaply."""
+    out.mkdir()
+    for rec in _cell_rows(organism, method, [-0.2])[0]:
+        with open(out / "results.jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    (out / "cells" / organism / method / "seed0").mkdir(parents=True)
+    (out / "splits.json").write_text("{}")
+    (out / "config.json").write_text(json.dumps({"out": str(out), "organisms": [organism], "methods": [method],
+                                                 "seeds": [0], "ft_lr": 3e-4}))
+    return out
+
+
+def test_an_audit_whose_config_json_is_gone_is_refused(tmp_path, capsys):
+    """Before 2026-12-07, `rm OUT/config.json` and a rerun with another --ft-lr (or --methods, --eval-n) exited 0:
+    the old cells were kept beside new ones trained at the new lr, one report of both; --eval-n was refused as
+    "written by an earlier opct"."""
+    out = _finished_audit(tmp_path / "a")
+    (out / "config.json").unlink()
+    before = (out / "results.jsonl").read_text()
+    for flags in (["--ft-lr", "0.5"], ["--methods", "k1"], ["--eval-n", "8"]):
+        err = cli_error(capsys, ["audit", "--out", str(out), "--organisms", RH.NAME, "--seeds", "0", *flags])
+        assert err == (f"opct: error: {out / 'config.json'}: missing, though {out} holds an audit's results.jsonl "
+                       f"and cells: the settings its results were measured with cannot be checked against these (a "
+                       f"rerun with others would mix them in one report); put config.json back, or use another --out, "
+                       f"or remove {out}")
+    assert (out / "results.jsonl").read_text() == before and not (out / "config.json").exists()
+    (out / "results.jsonl").unlink()  # cells/ alone: the same
+    assert "holds an audit's cells:" in cli_error(capsys, ["audit", "--out", str(out), "--seeds", "0"])
+
+
+@pytest.mark.parametrize("files", [["adapter_config.json", "adapter_model.safetensors"],
+                                   ["config.json", "model.safetensors"]])
+def test_a_model_or_adapter_directory_is_no_audit_out(tmp_path, capsys, files):
+    """Before 2026-12-07 an adapter's directory as --out took the audit's files among its own, and a model's was
+    refused as "holds an audit with other settings (align_steps (None -> 2), architectures ...)": its config.json
+    read as an audit's. Refused as `opct train` / `eval` / `report` refuse it, before the lock file is written."""
+    model = tmp_path / "m"
+    model.mkdir()
+    for name in files:
+        (model / name).write_text("{}")
+    for extra in (["--seeds", "0"], ["--report-only"]):
+        err = cli_error(capsys, ["audit", "--out", str(model), *extra])
+        weights = ", ".join(f for f in files if f != "config.json")  # model_files_in: weights and adapter files
+        assert err == (f"opct: error: {model}: holds a model or an adapter ({weights}), not an audit; choose "
+                       f"another --out")
+    assert sorted(p.name for p in model.iterdir()) == sorted(files)
+
+
+def test_report_only_refuses_the_flags_it_would_ignore(tmp_path, capsys):
+    """Before 2026-12-07 `--report-only --methods bct --seeds 3 4 5 --ft-lr 9` exited 0 with the old report."""
+    out = _finished_audit(tmp_path / "a")
+    err = cli_error(capsys, ["audit", "--out", str(out), "--report-only", "--methods", "bct", "--seeds", "3", "4",
+                             "--ft-lr", "9"])
+    assert err == ("opct: error: --report-only rebuilds the report from OUT/results.jsonl alone and takes only --out "
+                   "(and CONFIG): --methods, --seeds, --ft-lr would be ignored; drop them, or run the audit without "
+                   "--report-only")
+    assert "--quick would be ignored; drop it" in cli_error(capsys, ["audit", "--out", str(out), "--report-only",
+                                                                     "--quick"])
+    assert not (out / "summary.json").exists()
+    from opct.cli import main
+
+    assert main(["audit", "--out", str(out), "--report-only"]) == 0 and (out / "summary.json").exists()
+
+
+def _edited(rows, line, path, value):
+    """`rows` (records) with `path` (dotted) of record `line` (1-based) set to `value`, as results.jsonl lines."""
+    rows = json.loads(json.dumps(rows))
+    *head, last = path.split(".")
+    target = rows[line - 1]
+    for k in head:
+        target = target[k]
+    target[last] = value
+    return [json.dumps(r) for r in rows]
+
+
+_ROWS = list(_cell_rows(RH.NAME, "bct", [0.1])[0])
+
+
+@pytest.mark.parametrize("lines, where", [
+    # before 2026-12-07 each was read into the report: hits above n (a misalignment of 9.000), a rate of 7.0,
+    # negative counts, and a second record of one cell (the report took the last)
+    (_edited(_ROWS, 2, "after.items.i", [9, 1]),
+     ":2: after.items.i: must be a pair [hits, n] of integers with 0 <= hits <= n (got [9, 1])"),
+    (_edited(_ROWS, 2, "after.items.i", [-1, -2]), ":2: after.items.i: must be a pair [hits, n] of integers"),
+    (_edited(_ROWS, 2, "after.items.i", [1.5, 2]), ":2: after.items.i: must be a pair [hits, n] of integers"),
+    (_edited(_ROWS, 1, "derived.misalignment", 7.0),
+     ":1: derived.misalignment: must be a rate from 0 to 1 (got 7.0)"),
+    (_edited(_ROWS, 2, "after.capability", -0.1),
+     ":2: after.capability: must be a rate from 0 to 1 or null (got -0.1)"),
+    (_edited(_ROWS, 1, "derived.n", -3), ":1: derived.n: must be an integer >= 0 (got -3)"),
+    ([json.dumps(r) for r in _ROWS] + _edited(_ROWS, 2, "after.misalignment", 0.9)[1:],
+     f":3: <record>: a second cell record of {RH.NAME} / bct / seed 0 (the first is line 2): one measurement, two "
+     f"results; remove the line that should not count"),
+    ([json.dumps(r) for r in _ROWS] + [json.dumps(_ROWS[0])],
+     f":3: <record>: a second organism record of {RH.NAME} / seed 0 (the first is line 1)"),
+])
+def test_results_jsonl_numbers_out_of_range_name_their_line(tmp_path, capsys, lines, where):
+    """Before 2026-12-07 `--report-only` printed these (misalignment 9.000, 7.0; a repeated cell silently replaced
+    the first): the README says such lines are refused, naming the file, line and field."""
+    (tmp_path / "results.jsonl").write_text("\n".join(lines) + "\n")
+    err = cli_error(capsys, ["audit", "--out", str(tmp_path), "--report-only"])
+    assert f"{tmp_path / 'results.jsonl'}{where}" in err

@@ -96,31 +96,38 @@ def default_base() -> Path:
 
 # What the resume and the report read of each kind of record (opct/shapes.py): a record of another shape names its
 # line and field, where it was a KeyError or TypeError traceback from the report.
-_HITS = {"*": Is("a pair [hits, n] of numbers", lambda v: isinstance(v, list) and len(v) == 2 and all(
-    FINITE.ok(x) for x in v))}  # probe item -> [hits, n]
-_MEASURE = {"misalignment": FINITE, "unparsed": FINITE, "misalignment_parsed?": (None, FINITE),
-            CAPABILITY: (None, FINITE), "items": _HITS, "capability_items": _HITS,
-            "by_kind?": {"*": {"misalignment?": (None, FINITE)}}}  # a rate is finite: NaN passed every comparison
-_PROBES = {"misalignment": FINITE, "unparsed": (None, FINITE), CAPABILITY: (None, FINITE)}
+# A rate is finite and in [0, 1], a count an integer >= 0, an item's hits 0 to n (2026-12-07: a NaN passed every
+# comparison, and a misalignment of 7.0, hits [9, 1] (a rate of 9.000) or counts [-1, -2] were printed in the report).
+RATE = Is("a rate from 0 to 1", lambda v: FINITE.ok(v) and 0 <= v <= 1)
+COUNT = Is("an integer >= 0", lambda v: INT.ok(v) and v >= 0)
+_HITS = {"*": Is("a pair [hits, n] of integers with 0 <= hits <= n", lambda v: isinstance(v, list) and len(v) == 2
+                 and all(COUNT.ok(x) for x in v) and v[0] <= v[1])}  # probe item -> [hits, n]
+_MEASURE = {"misalignment": RATE, "unparsed": RATE, "misalignment_parsed?": (None, RATE),
+            CAPABILITY: (None, RATE), "items": _HITS, "capability_items": _HITS,
+            "by_kind?": {"*": {"misalignment?": (None, RATE)}}}
+_PROBES = {"misalignment": RATE, "unparsed": (None, RATE), CAPABILITY: (None, RATE)}
 RESULT_SHAPES = {
-    "base": {"sycophancy_probes": {"plain": _PROBES, "protected": _PROBES}, "target": FINITE},
-    "organism": {"organism": STR, "seed": INT, "failure": STR, "base": _MEASURE, "derived": {**_MEASURE, "n": INT},
-                 "coherence": {k: (None, FINITE) for k in ("agreement", "margin", "forms", "misaligned", "unparsed")},
+    "base": {"sycophancy_probes": {"plain": _PROBES, "protected": _PROBES}, "target": RATE},
+    "organism": {"organism": STR, "seed": INT, "failure": STR, "base": _MEASURE, "derived": {**_MEASURE, "n": COUNT},
+                 "coherence": {k: (None, FINITE if k == "margin" else RATE)  # margin: a difference of log-probs
+                               for k in ("agreement", "margin", "forms", "misaligned", "unparsed")},
                  "family?": STR, "brittle?": BOOL, "base_kind?": STR},
     "cell": {"organism": STR, "method": STR, "seed": INT,
              "after": {k: v for k, v in _MEASURE.items() if k != "by_kind?"},
-             "seconds": {"total": FINITE}, "label?": (None, {"n_labels": INT, "n_prompts": INT}), "untrained?": BOOL}}
+             "seconds": {"total": FINITE}, "label?": (None, {"n_labels": COUNT, "n_prompts": COUNT}),
+             "untrained?": BOOL}}
 
 
 def read_results(out: Path) -> list[dict]:
     """OUT/results.jsonl's records. A last line torn by a kill is left out (that measurement is redone); any other
     malformed line, a record that is no JSON object, of no known kind or not of its kind's shape (`RESULT_SHAPES`),
-    is a DataError naming the file, line and field (such lines were skipped without a word, or a KeyError or
-    TypeError in the report)."""
+    or a second record of one measurement (the report took the last of the two without a word), is a DataError
+    naming the file, line and field (such lines were skipped without a word, or a KeyError or TypeError in the
+    report)."""
     path = out / "results.jsonl"
     if not path.exists():
         return []
-    rows = []
+    rows, seen = [], {}
     for n, r in read_appended_jsonl(path):
         if not isinstance(r, dict):
             raise DataError(path, n, "<record>", "must be a JSON object")
@@ -134,6 +141,12 @@ def read_results(out: Path) -> list[dict]:
         for field, known in (("organism", ORGANISMS), ("method", METHOD_NAMES)):  # was a row of the report
             if field in r and r[field] not in known:
                 raise DataError(path, n, field, f"unknown {field} {r[field]!r} (known: {', '.join(known)})")
+        if _key(r) in seen:
+            what = " / ".join([r[k] for k in ("organism", "method") if k in r] + [f"seed {r['seed']}"] * ("seed" in r))
+            raise DataError(path, n, "<record>", f"a second {r['kind']} record{' of ' + what if what else ''} (the "
+                                                 f"first is line {seen[_key(r)]}): one measurement, two results; "
+                                                 f"remove the line that should not count")
+        seen[_key(r)] = n
         rows.append(r)
     return rows
 
@@ -146,9 +159,28 @@ def _append(out: Path, record: dict) -> None:
     append_jsonl(out / "results.jsonl", record)  # repairs a line torn by a kill first, so no record is glued to it
 
 
+# What an audit writes into OUT after its config.json: an OUT that holds them without it is damaged.
+AUDIT_RESULTS = ("results.jsonl", "cells")
+
+
+def check_out(out) -> None:
+    """A model's or adapter's directory as OUT is refused, as `opct train`, `opct eval` and `opct report` refuse it
+    (the audit wrote its files among the adapter's, and read a model's config.json as an audit's settings)."""
+    from opct.modeldir import model_files_in
+
+    if model := model_files_in(out):
+        raise OpctError(f"{out}: holds a model or an adapter ({', '.join(model[:3])}), not an audit; choose another "
+                        "--out")
+
+
 def _check_config(out: Path, cfg: AuditConfig) -> None:
     path = out / "config.json"
     now = asdict(cfg)
+    found = [name for name in AUDIT_RESULTS if (out / name).exists()]
+    if found and not path.exists():  # the rerun went on with any settings, mixing its cells with the old ones
+        raise OpctError(f"{path}: missing, though {out} holds an audit's {' and '.join(found)}: the settings its "
+                        f"results were measured with cannot be checked against these (a rerun with others would mix "
+                        f"them in one report); put config.json back, or use another --out, or remove {out}")
     if path.exists():
         saved = read_json(path, "config")
         if not isinstance(saved, dict):
@@ -182,9 +214,11 @@ def all_splits(cfg: AuditConfig) -> dict:
         other = [f"{o} seed {k}" for o, seeds in table.items() for k, e in seeds.items()
                  if isinstance(saved.get(o), dict) and k in saved[o] and saved[o][k] != e]
         if other:
+            # config.json catches a changed size first; this one also said "an earlier opct" of a changed size
             raise OpctError(f"{out}: holds results measured on other splits ({', '.join(other[:3])}"
-                            f"{', ...' if len(other) > 3 else ''}; written by an earlier opct); results would mix. "
-                            f"Use another --out")
+                            f"{', ...' if len(other) > 3 else ''}: drawn with other sizes (--derive-examples, "
+                            f"--label-prompts, --pairs-n, --eval-n, --capability-n) or by an earlier opct); results "
+                            f"would mix. Use another --out")
         table = {**saved, **{o: {**saved.get(o, {}), **seeds} for o, seeds in table.items()}}
     write_json_atomic(path, table)
     return entries
@@ -202,6 +236,7 @@ def run_audit(cfg: AuditConfig, log=print) -> Path:
     base = Path(cfg.base_model) if cfg.base_model else default_base()
     if not (base / "config.json").exists():  # before OUT/config.json is written, naming the flag (2026-12-07)
         raise OpctError(f"--base-model {base}: not a model directory (no config.json)")
+    check_out(out)
     _check_config(out, cfg)
     with cpu_threads(count_parameters(base)):  # the caller's thread count back after
         splits = all_splits(cfg)

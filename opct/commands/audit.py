@@ -32,9 +32,21 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from opct.audit.report import write_report
-    from opct.audit.run import QUICK, AuditConfig, run_audit
+    from opct.audit.run import QUICK, AuditConfig, check_out, run_audit
     from opct.config import build_config, load_config_file, require
 
+    if args.report_only:  # the report reads OUT alone: a grid or size flag was ignored, exit 0 (2026-12-07)
+        from dataclasses import fields
+
+        from opct.errors import OpctError
+
+        ignored = [f"--{f.name.replace('_', '-')}" for f in fields(AuditConfig) if f.name in vars(args) and
+                   f.name != "out"]
+        if ignored:
+            them = "it" if len(ignored) == 1 else "them"
+            raise OpctError(f"--report-only rebuilds the report from OUT/results.jsonl alone and takes only --out "
+                            f"(and CONFIG): {', '.join(ignored)} would be ignored; drop {them}, or run the audit "
+                            f"without --report-only")
     data = load_config_file(args.config) if args.config else None
     given = set(vars(args)) | set(data or {})
     config = build_config(AuditConfig, args, args.config, data)
@@ -42,6 +54,7 @@ def run(args) -> int:
         config = build_config(AuditConfig, args, args.config, data,
                               **{k: v for k, v in QUICK.items() if k not in given})
     require(config)
+    check_out(config.out)  # before the lock file is written into a model's directory
     if not args.report_only:
         from opct.files import dir_lock
 
