@@ -134,6 +134,25 @@ def test_opct_eval_says_at_the_end_which_lm_eval_tasks_failed(tasks_dir, tmp_pat
     assert (out / "records.jsonl").read_text() == records
     assert (out / "lm_eval_samples" / "no_such_task_anywhere.jsonl").read_text().count("\n") == 2
 
+    # a failed task whose YAML is fixed in the include folder: its resume was refused ("--lm-eval-include ... holds
+    # other contents than when the run started"; a probe, 2026-12-07). Every lm-eval task runs again, as a YAML may
+    # be any task's; the axis's own records are kept, and a metric name the edit removed is gone
+    yaml_file = include / "again.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace('name: "answer"', 'name: "fixed"'))
+    assert main([*argv, "--resume"]) == 0
+    said = capsys.readouterr()
+    assert f"capability: --lm-eval-include {include} changed since the run started: running every lm-eval task " \
+           f"again" in said.out + said.err
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert "capability.lm_eval[task=no_such_task_anywhere,measure=exact_match,filter=fixed]" in metrics
+    assert "capability.lm_eval[task=no_such_task_anywhere,measure=exact_match,filter=answer]" not in metrics
+    assert metrics["capability.lm_eval[task=opct_arith,measure=exact_match,filter=answer]"] == arith
+    assert (out / "records.jsonl").read_text() == records
+    assert "lm_eval_changed" not in json.loads((out / "run.json").read_text())
+    assert main([*argv, "--resume"]) == 0  # the new contents are recorded: nothing runs again
+    said = capsys.readouterr()
+    assert "running" not in said.out + said.err
+
 
 def test_a_task_yaml_that_does_not_parse_is_named_when_its_task_is_not_found(tasks_dir, tmp_path, monkeypatch):
     """The harness skips a task YAML it cannot parse without a word, so the task reads as "not registered"; the
@@ -249,3 +268,20 @@ def test_an_unknown_task_is_refused_before_the_model_loads_with_close_matches(ta
     with pytest.raises(OpctError, match="eval: lm_eval_tasks: not a task lm-eval knows: 'nosuchtask'"):
         run_experiment(cfg, log=lambda m: None)
     assert not (tmp_path / "runs" / "x").exists()
+
+
+def test_a_task_two_yamls_of_the_include_folder_define_is_refused_naming_both(tasks_dir, tmp_path, capsys):
+    """Two task YAMLs of --lm-eval-include with `task: dupt`: the harness logged "Duplicate task name" and ran one of
+    them, exit 0 (a probe, 2026-12-07). Refused before the model loads, naming both files."""
+    from opct.evals.lm_eval_bridge import check_tasks
+
+    text = (tasks_dir / "opct_arith.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(text.replace("task: opct_arith", "task: dupt"))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.yaml").write_text(text.replace("task: opct_arith", "task: dupt"))
+    (tmp_path / "c.yaml").write_text(text.replace("task: opct_arith", "task: single"))
+    check_tasks(["single"], tmp_path)
+    with pytest.raises(OpctError) as e:
+        check_tasks(["single", "dupt"], tmp_path)
+    assert str(e.value) == (f"lm_eval_tasks: 'dupt' is defined by 2 task YAMLs of {tmp_path} ({tmp_path}/a.yaml, "
+                            f"{tmp_path}/sub/b.yaml), and lm-eval would run one of them; rename the task of the others")

@@ -223,20 +223,29 @@ def _lm_eval(cfg, tasks, log) -> tuple[dict, dict]:
 
 def retry_failed_lm_eval(cfg, info: dict, metrics: dict, log) -> bool:
     """A resumed eval whose capability axis is done: the lm-eval tasks it listed as failed (run.json's
-    `lm_eval_errors`; a missing package, a dataset, a task YAML since fixed) run again, and their metrics join the
-    others; the axis's own records and the tasks that finished are kept. Returns whether any task ran."""
+    `lm_eval_errors`; a missing package, a dataset) run again, and their metrics join the others; the axis's own
+    records and the tasks that finished are kept. When the task YAMLs changed since (a failed task's fixed), every
+    lm-eval task runs again, its metrics replacing the earlier ones. Returns whether any task ran."""
+    from opct.evals.resume import LM_EVAL_CHANGED
+
     failed = info.get("lm_eval_errors")
     tasks = [t for t in cfg.lm_eval_tasks if t in failed] if cfg.lm_eval and isinstance(failed, dict) else []
+    if (changed := info.pop(LM_EVAL_CHANGED, None)) and cfg.lm_eval:  # every task: a YAML may be any task's
+        tasks, failed = list(cfg.lm_eval_tasks), {}
+        for k in [k for k in metrics if k.startswith(f"{NAME}.lm_eval[")]:  # a task's names may differ now
+            del metrics[k]
+        log(f"{NAME}: {', '.join(changed)} changed since the run started: running every lm-eval task again")
+    elif tasks:
+        log(f"{NAME}: running again the lm-eval tasks that failed before: {', '.join(tasks)}")
     if not tasks:
         return False
-    log(f"{NAME}: running again the lm-eval tasks that failed before: {', '.join(tasks)}")
     new, errors = _lm_eval(cfg, tasks, log)
     metrics.update(new)
     still = {**{t: m for t, m in failed.items() if t not in tasks}, **errors}
     if still:
         info["lm_eval_errors"] = still
     else:
-        info.pop("lm_eval_errors")
+        info.pop("lm_eval_errors", None)
     return True
 
 

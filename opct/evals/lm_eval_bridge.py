@@ -112,6 +112,8 @@ def check_tasks(tasks, include_path=None) -> None:
     names = set(known)
     bad = [t for t in tasks if t not in names and not TaskIndex.entry_from_path(Path(t))]
     if not bad:
+        if folder and (twice := defined_twice(folder, tasks)):
+            raise OpctError(f"lm_eval_tasks: {twice}")
         return
     said = []
     for t in bad:
@@ -184,28 +186,52 @@ def recorded_errors(eval_dir) -> dict:
     return info.get("lm_eval_errors") or {}
 
 
-def unparseable_yamls(folder) -> list[str]:
-    """`FILE:LINE: problem` for each task YAML under `folder` that is not valid YAML (lm-eval's own tags, such as
-    `!function`, are accepted). At most 5."""
+def _read_yamls(folder):
+    """(path, its YAML value, or the YAMLError / OSError reading it raised) for each task YAML under `folder`, in path
+    order; lm-eval's own tags, such as `!function`, are read as None."""
     import yaml
 
     class _Loader(yaml.SafeLoader):
         pass
 
     _Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
-    bad = []
     for path in sorted(Path(folder).rglob("*.y*ml")):
         try:
-            yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader, tags ignored
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
+            yield path, yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader
+        except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+            yield path, e
+
+
+def unparseable_yamls(folder) -> list[str]:
+    """`FILE:LINE: problem` for each task YAML under `folder` that is not valid YAML. At most 5."""
+    import yaml
+
+    bad = []
+    for path, value in _read_yamls(folder):
+        if isinstance(value, yaml.YAMLError):
+            mark = getattr(value, "problem_mark", None)
             line = f":{mark.line + 1}" if mark is not None else ""
-            bad.append(f"{path}{line}: not valid YAML ({getattr(e, 'problem', None) or first_line(e, 'cannot parse')})")
-        except (OSError, UnicodeDecodeError) as e:
-            bad.append(f"{path}: cannot read ({first_line(e, type(e).__name__)})")
+            problem = getattr(value, "problem", None) or first_line(value, "cannot parse")
+            bad.append(f"{path}{line}: not valid YAML ({problem})")
+        elif isinstance(value, Exception):
+            bad.append(f"{path}: cannot read ({first_line(value, type(value).__name__)})")
         if len(bad) == 5:
             break
     return bad
+
+
+def defined_twice(folder, tasks) -> str | None:
+    """The first of `tasks` that two task YAMLs under `folder` define (`task: NAME`): the harness indexes one of them,
+    says so in its log and runs it (2026-12-07: the other file's task was never run, exit 0)."""
+    where: dict[str, list[str]] = {}
+    for path, value in _read_yamls(folder):
+        if isinstance(value, dict) and isinstance(value.get("task"), str):
+            where.setdefault(value["task"], []).append(str(path))
+    for t in tasks:
+        if len(where.get(t, [])) > 1:
+            return f"{t!r} is defined by {len(where[t])} task YAMLs of {folder} ({', '.join(where[t])}), and " \
+                   f"lm-eval would run one of them; rename the task of the others"
+    return None
 
 
 # The range of the harness's measures that have one, by name: the means of 0/1 scores (and IFEval's and TruthfulQA's

@@ -66,10 +66,12 @@ def _input_named(cfg, key: str) -> str:
     return f"--{field.replace('_', '-')} {getattr(cfg, field)}"
 
 
-def check_inputs(out: Path, cfg, saved: dict, inputs: dict) -> None:
+def check_inputs(out: Path, cfg, saved: dict, inputs: dict) -> list[str]:
     """Refuse to resume a run whose inputs (`eval_inputs`) hold other contents than those run.json recorded: its
     finished axes were measured on those. A run.json written before inputs were recorded resumes unchecked, with a
-    note saying so."""
+    note saying so. The lm-eval task YAMLs (--lm-eval-include, task files) may change: they are returned, and the
+    resumed run measures every lm-eval task again (a failed task's YAML, fixed, was refused as "other contents",
+    though `retry_failed_lm_eval` promised to run it again; 2026-12-07)."""
     import sys
 
     run_json = out / "run.json"
@@ -77,13 +79,15 @@ def check_inputs(out: Path, cfg, saved: dict, inputs: dict) -> None:
         print(f"opct: note: {run_json} records no fingerprints of its inputs (a run started before 2026-12-06): "
               f"the model, adapter and items its finished axes were measured on are not checked against these",
               file=sys.stderr)
-        return
+        return []
     if not isinstance(saved["inputs"], dict):  # read as "nothing recorded", any model would continue the run
         raise OpctError(f"{run_json}: inputs: not a record of the run's inputs (expected a JSON object); put the "
                         f"original back, or start a new run")
     from opct.resume_check import changed_inputs
 
     changed = changed_inputs(saved["inputs"], inputs)
+    tasks = [k for k in changed if k == "lm_eval_include" or k.startswith("lm_eval_tasks.")]
+    changed = [k for k in changed if k not in tasks]
     if changed:
         names = ", ".join(_input_named(cfg, k) for k in changed)
         one = len(changed) == 1
@@ -92,7 +96,10 @@ def check_inputs(out: Path, cfg, saved: dict, inputs: dict) -> None:
                         f"{run_json}'s inputs); its finished "
                         f"axes were measured on the earlier contents: put the original back, or evaluate again from "
                         f"the start (another --out, or remove {out})")
+    return tasks
 
+
+LM_EVAL_CHANGED = "lm_eval_changed"  # a resumed run's lm-eval task YAMLs changed since it started (`resumed`)
 
 # EvalConfig fields that may differ when an eval run is resumed (they change no record or metric)
 RESUMABLE = ("out", "progress", "log_with")
@@ -130,7 +137,7 @@ def resumed(out: Path, cfg, attack_cfg, names: list[str], resume: bool | str,
                       may_change=tuple(f"config.{f}" for f in RESUMABLE), defaults={"config": asdict(EvalConfig())})
     if changed and resume != "checked":
         raise OpctError(f"{out}: cannot resume an eval run with other settings; changed: {', '.join(changed)}")
-    check_inputs(out, cfg, saved, eval_inputs(cfg) if inputs is None else inputs)
+    tasks_changed = check_inputs(out, cfg, saved, eval_inputs(cfg) if inputs is None else inputs)
     done = [n for n in names if n in done]
     for name in ("records.jsonl", "metrics.json"):  # written with run.json, before it: removed since
         if not (out / name).exists():
@@ -155,6 +162,8 @@ def resumed(out: Path, cfg, attack_cfg, names: list[str], resume: bool | str,
                                 f"the run's files are damaged: evaluate again from the start (another --out, or "
                                 f"remove {out})")
     info = {k: v for k, v in saved.items() if k not in ("config", "attack_config", "seconds", "done", "inputs")}
+    if tasks_changed:  # read by `opct.axes.capability.retry_failed_lm_eval`, which runs every task again
+        info[LM_EVAL_CHANGED] = [_input_named(cfg, k) for k in tasks_changed]
     seconds = saved.get("seconds") if isinstance(saved.get("seconds"), dict) else {}  # timings only: not checked
     return done, records, metrics, dict(seconds), info
 
