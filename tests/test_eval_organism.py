@@ -374,3 +374,30 @@ def test_opct_eval_refuses_an_out_with_eval_files_but_no_run_json_and_a_resume_o
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"opct: error: {damaged / name}: {says}") and "\n" not in err, err
         assert {p.name: p.read_bytes() for p in damaged.iterdir() if p.is_file()} == before
+
+
+def test_opct_eval_resume_takes_another_path_to_the_same_model_and_items(test_organism, tmp_path, monkeypatch,
+                                                                         capsys):
+    """A run started with absolute paths resumes with a relative path, or a symlink, to the same model and items
+    file (until 2026-12-07 refused: "cannot resume an eval run with other settings; changed: config.items
+    ('/abs/items.jsonl' -> 'items.jsonl')", the paths compared as strings); another file is still refused."""
+    import os
+    import shutil
+
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Is {i} even?", "answer": "yes" if i % 2 == 0
+                                         else "no", "wrong_answer": "no" if i % 2 == 0 else "yes"}) + "\n"
+                             for i in range(2)))
+    (tmp_path / "link.jsonl").symlink_to(items)
+    (tmp_path / "model").symlink_to(test_organism)
+    out = tmp_path / "run"
+    flags = ["--suite", "sycophancy", "--n", "2", "--max-new-tokens", "4", "--no-progress", "--out", str(out)]
+    assert main(["eval", "--model", str(test_organism), "--items", str(items), *flags]) == 0
+    monkeypatch.chdir(tmp_path)
+    for model, path in ((os.path.relpath(test_organism, tmp_path), "items.jsonl"), ("model", "link.jsonl"),
+                        ("./model/", "../" + tmp_path.name + "/link.jsonl")):
+        assert main(["eval", "--model", model, "--items", path, *flags, "--resume"]) == 0, capsys.readouterr().err
+    shutil.copy(items, tmp_path / "copy.jsonl")  # the same contents at another path: other settings
+    err = _refused(out, ["eval", "--model", "model", "--items", "copy.jsonl", *flags[:-2]], capsys)
+    copy = str((tmp_path / "copy.jsonl").resolve())
+    assert err.endswith(f"changed: config.items ({str(items)!r} -> 'copy.jsonl' (= {copy!r} here))"), err

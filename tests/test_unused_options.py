@@ -200,3 +200,66 @@ def test_a_threats_method_may_not_train_at_another_lr_or_lora_than_its_control(t
     with pytest.raises(OpctError, match=rf"method_train.bct.{field}: is the shared train block's: every method and "
                                         rf"the control take the same steps x rows, LoRA, lr and schedule"):
         load_threats(path)
+
+
+# `opct eval` (2026-12-07): an option none of the chosen axes reads was accepted and recorded in run.json — `--suite
+# sycophancy --judge http ...` or `--gcg-steps 5`, `--judge world --judge-timeout 9`, `--trained jailbreak=` with
+# `--suite sycophancy`, `--prompt-side teacher --suite capability` ran without a word. Each test below failed then.
+@pytest.mark.parametrize("flags, message", [
+    (["--suite", "sycophancy", "--judge", "refusal"],
+     "--judge: does nothing in this run (--suite sycophancy): it is for --suite jailbreak or prefill (the axes a "
+     "judge grades); remove it"),
+    (["--suite", "sycophancy,capability", "--judge", "http", "--judge-url", "http://h/v1", "--judge-model", "g"],
+     "--judge: does nothing in this run (--suite sycophancy,capability)"),
+    (["--suite", "jailbreak", "--judge", "world", "--judge-timeout", "9"],
+     "--judge-timeout: does nothing in this run (--suite jailbreak, --judge world): it is for --judge http on "
+     "--suite jailbreak or prefill; remove it"),
+    (["--suite", "prefill", "--judge-key-env", "K"], "--judge-key-env: does nothing in this run (--suite prefill, "
+                                                      "--judge auto)"),
+    (["--suite", "sycophancy", "--gcg-steps", "5"],
+     "--gcg-steps: does nothing in this run (--suite sycophancy): it is for the adaptive attacker (--suite "
+     "jailbreak, without --no-attack); remove it"),
+    (["--suite", "jailbreak", "--no-attack", "--rl-episodes", "2"],
+     "--rl-episodes: does nothing in this run (--no-attack): it is for the adaptive attacker"),
+    (["--suite", "awareness", "--attack-targets", "all"], "--attack-targets: does nothing in this run (--suite "
+                                                          "awareness)"),
+    (["--suite", "jailbreak", "--no-rl-attack", "--rl-epochs", "1"],
+     "--rl-epochs: does nothing in this run (--no-rl-attack): it is for the RL attacker (--rl-attack); remove it"),
+    (["--suite", "jailbreak", "--gcg-steps", "0", "--gcg-topk", "3"],
+     "--gcg-topk: does nothing in this run (--gcg-steps 0): it is for white-box GCG (--gcg-steps above 0)"),
+    (["--suite", "jailbreak", "--search-rounds", "0", "--search-depth", "2"],
+     "--search-depth: does nothing in this run (--search-rounds 0): it is for the black-box search"),
+    (["--suite", "sycophancy", "--trained", "jailbreak=role_play"],
+     "--trained.jailbreak: does nothing in this run (--suite sycophancy): it is for the jailbreak axis; add "
+     "jailbreak to --suite, or remove it"),
+    (["--suite", "capability", "--prompt-side", "teacher"],
+     "--prompt-side: does nothing in this run (--suite capability): it is for an axis with pairs, and so a teacher "
+     "side (any but capability); remove it"),
+])
+def test_an_eval_option_no_axis_of_the_suite_reads_is_refused_by_name(tmp_path, capsys, flags, message):
+    line = cli_error(capsys, ["eval", "--model", "never-loaded", "--out", str(tmp_path / "e"), *flags])
+    assert line.startswith(f"opct: error: {message}"), line
+    assert not (tmp_path / "e").exists()
+
+
+def test_an_eval_option_read_by_some_axis_a_default_value_a_config_file_and_a_resume(tmp_path, capsys):
+    """Read by one axis of the suite (or the default suite, all), or equal to its default: no refusal (the run goes
+    on to the model, which is not there). In a --config file the file and field are named; --resume skips the rule
+    (a run started before it continues with its settings)."""
+    from opct.evals.used import ATTACK_USED_BY, PER_AXIS, USED_BY
+    from opct.evals.attack import AttackConfig
+    from opct.evals.run import EvalConfig
+
+    assert set(USED_BY) | set(PER_AXIS) <= set(EvalConfig.__dataclass_fields__)
+    assert set(ATTACK_USED_BY) == set(AttackConfig.__dataclass_fields__)  # every attacker option needs the attacker
+    for flags in (["--judge", "refusal"], ["--suite", "sycophancy,prefill", "--judge", "refusal"],
+                  ["--suite", "sycophancy,jailbreak", "--gcg-steps", "5", "--trained", "jailbreak=role_play"],
+                  ["--suite", "sycophancy", "--judge", "auto", "--gcg-steps", "60", "--no-attack"],
+                  ["--suite", "capability,persona", "--prompt-side", "teacher"],
+                  ["--suite", "sycophancy", "--gcg-steps", "5", "--judge", "world", "--resume"]):
+        line = cli_error(capsys, ["eval", "--model", "never-loaded", "--out", str(tmp_path / "e"), *flags])
+        assert "does nothing" not in line and "never-loaded" in line, (flags, line)
+    path = tmp_path / "e.yaml"
+    path.write_text("suite: sycophancy\nsearch_rounds: 3\n")
+    line = cli_error(capsys, ["eval", "--config", str(path), "--model", "m", "--out", str(tmp_path / "e")])
+    assert line.startswith(f"opct: error: {path}: search_rounds: does nothing in this run (--suite sycophancy)"), line

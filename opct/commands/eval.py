@@ -50,9 +50,15 @@ def run(args) -> int:
     unknown = sorted(set(data) - names[EvalConfig] - names[AttackConfig])
     if unknown:
         raise OpctError(f"{args.config}: unknown config field(s): {', '.join(unknown)}")
-    cfg = build_config(EvalConfig, args, args.config, data={k: v for k, v in data.items() if k in names[EvalConfig]})
+    # an option none of the suite's axes reads is refused (not on --resume: a run started before this rule continues
+    # with the settings it was started with)
+    from opct.evals.used import check_attack_used, check_used
+
+    cfg = build_config(EvalConfig, args, args.config, data={k: v for k, v in data.items() if k in names[EvalConfig]},
+                       check=None if args.resume else check_used)
     attack = build_config(AttackConfig, args, args.config,
-                          data={k: v for k, v in data.items() if k in names[AttackConfig]})
+                          data={k: v for k, v in data.items() if k in names[AttackConfig]},
+                          check=None if args.resume else lambda a: check_attack_used(cfg, a))
     if not cfg.model:
         raise OpctError("--model is required (a subject such as default, or a directory written by save_pretrained)")
     check_config(cfg)

@@ -25,6 +25,7 @@ from opct.config import SEED, ConfigError, defaults_of, option, validate
 from opct.errors import OpctError
 from opct.files import write_atomic, write_json_atomic
 from opct.flags import first_repeat
+from opct.resume_check import EQUIVALENT
 from opct.trackers import PACKAGES as TRACKERS
 
 
@@ -178,6 +179,26 @@ class EvalConfig:
             problem = judge_url_problem(self.judge_url)
             if problem:
                 raise ConfigError("judge_url", problem)
+
+
+def _path_named(value):
+    """What a model, adapter or items path names here (symlinks and `..` resolved, from the working directory), so
+    that `opct eval --resume` given the run's file by another path to it is no change (until 2026-12-07 a relative
+    path, or a symlink, to the file the run was started with was refused as other settings; the files' contents are
+    compared by their fingerprints). A subject's name, and a path with nothing there, stay as they are."""
+    from opct.subjects import SUBJECTS
+
+    if isinstance(value, dict):  # axis_items: axis -> path
+        return {k: _path_named(v) for k, v in value.items()}
+    if not isinstance(value, str) or not value or value in SUBJECTS:
+        return value
+    try:
+        return str(Path(value).resolve()) if Path(value).exists() else value
+    except (OSError, RuntimeError):  # unreadable, a symlink loop: compared as given
+        return value
+
+
+EQUIVALENT.update(dict.fromkeys(("model", "adapter", "items", "axis_items", "lm_eval_include"), _path_named))
 
 
 def suite_names(suite: str) -> list[str]:
