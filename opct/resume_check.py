@@ -106,8 +106,8 @@ def restart_allowed(root, settings: str, changed: list[str]) -> bool:
 
 # What check_extended accepts for each shape: a list of seeds, a list of names, a JSON object, one of JSON objects.
 _SHAPES = {
-    "seeds": ("a list of integers", lambda v: isinstance(v, list) and all(
-        isinstance(x, int) and not isinstance(x, bool) for x in v)),
+    "seeds": ("a list of seeds (integers from 0 to 4294967295)", lambda v: isinstance(v, list) and all(
+        isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 32 for x in v)),  # -1 was "not started"
     "names": ("a list of names", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
     "mapping": ("a mapping", lambda v: isinstance(v, dict)),
     "mappings": ("a mapping of names to settings", lambda v: isinstance(v, dict) and all(

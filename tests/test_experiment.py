@@ -349,8 +349,8 @@ def test_a_users_pair_training_a_family_the_experiment_holds_out_is_named_by_its
 @pytest.mark.parametrize("key, value, needle", [
     ("arms", 5, "arms: expected a list of names, got 5"),
     ("arms", [[1]], "arms: expected a list of names, got [[1]]"),
-    ("seeds", 5, "seeds: expected a list of integers, got 5"),
-    ("seeds", ["0"], "seeds: expected a list of integers, got ['0']"),
+    ("seeds", 5, "seeds: expected a list of seeds (integers from 0 to 4294967295), got 5"),
+    ("seeds", ["0"], "seeds: expected a list of seeds (integers from 0 to 4294967295), got ['0']"),
     ("arm_specs", [1], "arm_specs: expected a mapping of arm name -> its settings, got [1]"),
 ])
 def test_a_damaged_experiment_json_is_named_before_a_rerun_extends_it(tmp_path, capsys, key, value, needle):

@@ -342,7 +342,10 @@ def test_an_arm_that_is_no_folder_name_is_an_error_not_a_read_outside_the_run(tm
 
 
 @pytest.mark.parametrize("field, value", [("arm_specs", ["base"]), ("arm_specs", {"base": "base"}),
-                                          ("trained", {"sycophancy": "suggested_answer"})])
+                                          ("trained", {"sycophancy": "suggested_answer"}),
+                                          # a probe, 2026-12-07: "# Results: None", the settings line dropped, and
+                                          # three cells of seed -1 listed as not started
+                                          ("name", None), ("train", 5), ("eval", []), ("seeds", [-1])])
 def test_experiment_fields_of_the_wrong_shape_name_the_file(tmp_path, capsys, field, value):
     """arm_specs not a mapping of arm -> mapping was an AttributeError traceback; `trained` with a family string
     instead of a list listed its letters as the trained families ("s, u, g, g, e, ...")."""

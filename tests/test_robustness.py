@@ -367,7 +367,7 @@ def test_a_partial_run_lists_its_unfinished_cells(tmp_path):
 
 
 @pytest.mark.parametrize("key, value, needle", [
-    ("seeds", ["0"], "seeds: expected a list of integers, got ['0']"),
+    ("seeds", ["0"], "seeds: expected a list of seeds (integers from 0 to 4294967295), got ['0']"),
     ("studies", {"replay": 3}, "studies: expected a mapping of names to settings, got {'replay': 3}"),
 ])
 def test_a_damaged_study_json_is_named_before_a_rerun_extends_it(tmp_path, key, value, needle):

@@ -188,6 +188,25 @@ def test_a_finished_fetch_returns_at_once_without_loading_torch(home):
     assert not F.fetched(target)
 
 
+def test_a_gguf_flag_is_checked_even_when_the_model_is_fetched_and_names_what_it_is(home, tmp_path, capsys):
+    """`opct model fetch smollm2 --gguf /nonexistent` said "fetched already" and exited 0 when the model was there,
+    and a directory or a pipe as --gguf read "no such GGUF file" (a probe, 2026-12-07)."""
+    target = home / "models" / "smollm2"
+    target.mkdir(parents=True)
+    (target / "model.safetensors").write_bytes(b"\0" * 64)
+    (target / "fetch.json").write_text(json.dumps({"format": F.FORMAT, "gguf_sha256": F.GGUF_SHA256,
+                                                   "safetensors_bytes": 64}))
+    assert F.fetched(target)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path, says in [(tmp_path / "absent.gguf", "no such file"), (tmp_path, "is a directory, not a GGUF file"),
+                       (fifo, "is a special file, not a GGUF file"), (_fake_gguf(tmp_path), "checksum mismatch")]:
+        err = tiny_lm.cli_error(capsys, ["model", "fetch", "smollm2", "--gguf", str(path), "--no-install"])
+        assert err.startswith(f"opct: error: --gguf {path}: {says}" if "checksum" not in says else
+                              f"opct: error: {path}: {says}"), err
+    assert F.fetched(target)
+
+
 def test_a_fetch_whose_weights_were_damaged_since_says_how_to_convert_it_again(home, capsys):
     """`--model smollm2` over a finished fetch whose model.safetensors no longer reads (same size, so the fetch still
     looks finished) names the file and `opct model fetch smollm2 --force`, before anything loads."""

@@ -317,7 +317,7 @@ def test_matrix_clips_deltas_by_the_metrics_range_not_by_the_values_seen(tmp_pat
 
 
 @pytest.mark.parametrize("key, value, needle", [
-    ("seeds", 5, "seeds: expected a list of integers, got 5"),
+    ("seeds", 5, "seeds: expected a list of seeds (integers from 0 to 4294967295), got 5"),
     ("methods", [["opct"]], "methods: expected a list of names, got [['opct']]"),
     ("trained", ["persona"], "trained: expected a mapping, got ['persona']"),
 ])

