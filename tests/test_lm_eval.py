@@ -285,3 +285,22 @@ def test_a_task_two_yamls_of_the_include_folder_define_is_refused_naming_both(ta
         check_tasks(["single", "dupt"], tmp_path)
     assert str(e.value) == (f"lm_eval_tasks: 'dupt' is defined by 2 task YAMLs of {tmp_path} ({tmp_path}/a.yaml, "
                             f"{tmp_path}/sub/b.yaml), and lm-eval would run one of them; rename the task of the others")
+
+
+def test_a_task_failing_without_a_message_says_where_it_was_raised(tasks_dir, tmp_path, monkeypatch):
+    """A task whose data file is empty failed with "emptyt: StopIteration", nothing else (a probe, 2026-12-07)."""
+    from opct.evals.lm_eval_bridge import run_lm_eval
+    from opct.organism.build import SHIPPED_DIR
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    (tmp_path / "emptyt.yaml").write_text((tasks_dir / "opct_arith.yaml").read_text().replace(
+        "task: opct_arith", "task: emptyt").replace(str(tasks_dir / "arith.jsonl"), str(empty)))
+    errors: dict = {}
+    run_lm_eval(SHIPPED_DIR / "default", tasks=["emptyt"], include_path=tmp_path, limit=2, log=lambda *a: None,
+                errors=errors)
+    message = errors["emptyt"]
+    assert message != "StopIteration" and ("raised in" in message or ": " in message), message
+    if message.startswith("StopIteration"):
+        assert message.endswith("is the task's dataset empty?"), message

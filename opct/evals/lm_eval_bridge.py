@@ -77,7 +77,7 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
                                                 log_samples=samples_dir is not None)
         except Exception as e:  # noqa: BLE001 - one task's failure (a missing dataset or extra) must not lose the rest
             detail = first_line(e, "")
-            message = f"{type(e).__name__}: {detail}" if detail else type(e).__name__
+            message = f"{type(e).__name__}: {detail}" if detail else f"{type(e).__name__} {_raised_at(e)}"
             if include_path and "not a registered task" in message:
                 message += "".join(f"; {bad}" for bad in unparseable_yamls(include_path))
             log(f"capability: lm-eval task {task} failed: {message}")
@@ -184,6 +184,17 @@ def recorded_errors(eval_dir) -> dict:
     path = Path(eval_dir) / "run.json"
     info = read_checked(path, "eval run", {"lm_eval_errors?": {"*": STR}}) if path.exists() else {}
     return info.get("lm_eval_errors") or {}
+
+
+def _raised_at(e: BaseException) -> str:
+    """Where an exception without a message was raised (a task whose data file is empty failed with a bare
+    "StopIteration", no file named; 2026-12-07), and the harness's hint for the commonest cause."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f"(no message; raised in {Path(frames[-1].filename).name}:{frames[-1].lineno}, {frames[-1].name})" \
+        if frames else "(no message)"
+    return where + ("; is the task's dataset empty?" if isinstance(e, StopIteration) else "")
 
 
 def _read_yamls(folder):
