@@ -124,8 +124,10 @@ def test_flags_of_other_commands_are_checked(capsys, tmp_path):
         capsys, ["eval", "--model", "m", "--out", str(tmp_path / "e"), "--adapter", ""])
     assert "--ft-lr: must be > 0" in cli_error(capsys, ["audit", "--out", str(tmp_path), "--ft-lr", "0"])
     # a repeated organism or method ran its cells again and recorded them twice; a blank --out named a directory
-    assert "--methods: must not repeat" in cli_error(capsys, ["audit", "--out", str(tmp_path), "--methods", "k1", "k1"])
-    assert "--organisms: must not repeat" in cli_error(
+    # (a list of choices names the repeat itself since the same evening)
+    assert "--methods[1]: 'k1' is given twice" in cli_error(capsys, ["audit", "--out", str(tmp_path), "--methods", "k1",
+                                                                     "k1"])
+    assert "--organisms[1]: 'sycophancy' is given twice" in cli_error(
         capsys, ["audit", "--out", str(tmp_path), "--organisms", "sycophancy", "sycophancy"])
     assert "--out: is blank (only whitespace)" in cli_error(capsys, ["audit", "--out", "  "])
     bad = _yaml(tmp_path, "eval.yaml", "n: 2.5\ngcg_steps: -1\n")
