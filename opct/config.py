@@ -54,6 +54,12 @@ class ConfigError(OpctError, ValueError):
         return ConfigError(".".join(p for p in (prefix, self.field) if p), self.problem)
 
 
+def unread(field: str, now: str, reads: str, fix: str = "remove it") -> ConfigError:
+    """The error for a setting the run never reads (`opct.train.config.USED_BY`, `opct.evals.used`): `now` is what
+    this run has instead, `reads` what would read it."""
+    return ConfigError(field, f"does nothing in this run ({now}): it is for {reads}; {fix}")
+
+
 # The rules of a seed (`option(0, "...", **SEED)`): numpy's generators take 0 .. 2**32 - 1 and nothing else.
 SEED = {"ge": 0, "le": 2 ** 32 - 1}
 

@@ -77,6 +77,14 @@ def model_files_in(folder) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.suffix in _MODEL_FILE or p.name == "adapter_config.json")
 
 
+def refuse_model_dir(out, what: str) -> None:
+    """An OpctError when `out`, a command's output directory, holds a model or an adapter (`model_files_in`): `opct
+    eval`, `opct report` and `opct audit` wrote their files among the model's (`what`: what --out should be)."""
+    if model := model_files_in(out):
+        raise OpctError(f"{out}: holds a model or an adapter ({', '.join(model[:3])}), not {what}; choose another "
+                        "--out")
+
+
 def check_model_dir(model_dir) -> None:
     """A save_pretrained model directory: config.json and safetensors weights that open (`check_weights`)."""
     folder = Path(model_dir)

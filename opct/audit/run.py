@@ -73,9 +73,10 @@ class AuditConfig:
 
     def __post_init__(self):
         validate(self)
-        for name in ("organisms", "methods", "seeds"):  # a repeated one ran its cells again, recorded twice
-            if len(set(getattr(self, name))) != len(getattr(self, name)):
-                raise ConfigError(name, "must not repeat")
+        # a repeated one ran its cells again, recorded twice (organisms and methods are lists of choices, whose repeat
+        # `validate` names)
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError("seeds", "must not repeat")
 
 
 # --quick: these replace the defaults (not values given in a config file or on the command line).
@@ -166,11 +167,9 @@ AUDIT_RESULTS = ("results.jsonl", "cells")
 def check_out(out) -> None:
     """A model's or adapter's directory as OUT is refused, as `opct train`, `opct eval` and `opct report` refuse it
     (the audit wrote its files among the adapter's, and read a model's config.json as an audit's settings)."""
-    from opct.modeldir import model_files_in
+    from opct.modeldir import refuse_model_dir
 
-    if model := model_files_in(out):
-        raise OpctError(f"{out}: holds a model or an adapter ({', '.join(model[:3])}), not an audit; choose another "
-                        "--out")
+    refuse_model_dir(out, "an audit")
 
 
 def _check_config(out: Path, cfg: AuditConfig) -> None:

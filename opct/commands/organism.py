@@ -64,7 +64,7 @@ def _profile(args) -> int:
         if Path(os.path.realpath(args.out)).parent == model and Path(args.out).exists():
             raise OpctError(f"{args.out}: --out names a file of the model directory {args.model}, which it would "
                             "replace; choose another --out")
-        _is_profile(Path(args.out))
+        _refuse_other_file(Path(args.out))
         check_writable(args.out)  # a file where its directory belongs, no permission: before the sampling too
     profile = measure_profile(args.model, n=args.n, seed=args.seed)
     print_profile(profile)
@@ -75,7 +75,7 @@ def _profile(args) -> int:
     return 0
 
 
-def _is_profile(out: Path) -> None:
+def _refuse_other_file(out: Path) -> None:
     """An existing --out is replaced only when it is a profile written before: any other file was (a model's
     config.json elsewhere, an experiment.json, a metrics.json: 2026-12-07), leaving what it belonged to unreadable."""
     import json

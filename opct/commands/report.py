@@ -55,11 +55,9 @@ def _check_out(run, out) -> None:
         if (out / name).exists():
             raise OpctError(f"{out}: holds {what} ({name}), whose report files --out would replace with those of "
                             f"{run}; choose another --out")
-    from opct.modeldir import model_files_in
+    from opct.modeldir import refuse_model_dir
 
-    if model := model_files_in(out):  # a trained adapter's final/: `opct train` and `opct eval` refuse it too
-        raise OpctError(f"{out}: holds a model or an adapter ({', '.join(model[:3])}), not a report; choose another "
-                        "--out")
+    refuse_model_dir(out, "a report")  # a trained adapter's final/: `opct train` and `opct eval` refuse it too
 
 
 def _study_report(args, kind: str, aggregate, build) -> int:

@@ -173,12 +173,10 @@ def check_resume(cfg, attack_cfg, resume: bool, inputs: dict | None = None) -> t
     errors `run_eval` would raise about it; pass it to `run_eval` as `earlier` so the files are read once.
     `inputs`: `eval_inputs(cfg)`, when the caller has them (and passes the same to `run_eval`: the model's files
     are then hashed once)."""
-    from opct.modeldir import model_files_in
+    from opct.modeldir import refuse_model_dir
 
     out = Path(cfg.out)
-    if model := model_files_in(out):  # a model's or adapter's folder: the run's files would mix with its own
-        raise OpctError(f"{out}: holds a model or an adapter ({', '.join(model[:3])}), not an eval run; choose "
-                        "another --out")
+    refuse_model_dir(out, "an eval run")  # a model's or adapter's folder: the run's files would mix with its own
     if (out / "run.json").exists():
         from opct.evals.run import suite_names
 

@@ -14,7 +14,7 @@ An experiment's or a study's shared eval block is not checked: each arm reads it
 
 from __future__ import annotations
 
-from opct.config import ConfigError, defaults_of
+from opct.config import defaults_of, unread
 
 JUDGED = ("jailbreak", "prefill")  # the axes a jailbreak judge grades (`opct.axes.jailbreak.judge_for`)
 ATTACKED = "jailbreak"  # the axis the adaptive attacker runs in (`EvalContext.attack`)
@@ -91,7 +91,7 @@ ATTACK_USED_BY = {
 
 
 def _refuse(name: str, now: str, text: str, fix: str = "remove it"):
-    raise ConfigError(name, f"does nothing in this run ({now}): it is for {text}; {fix}")
+    raise unread(name, now, text, fix)
 
 
 def check_used(cfg) -> None:

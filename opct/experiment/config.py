@@ -212,8 +212,9 @@ def _check_arm(arm: str, spec: dict, train: TrainConfig, earlier: list[str], arm
     try:
         tc = construct(TrainConfig, {**_given(train), **overrides}, reserved=RUNNER_TRAIN_FIELDS)
         if method not in UNTRAINED:  # its method's rules; an arm's own setting its method ignores (the shared
-            check_method(dataclasses.replace(tc, method=method))  # block's are for any arm)
-            check_used(dataclasses.replace(tc, method=method), overrides)
+            tc = dataclasses.replace(tc, method=method)  # block's are for any arm)
+            check_method(tc)
+            check_used(tc, overrides)
     except ConfigError as e:
         raise e.under(f"arms.{arm}") from None
 

@@ -18,7 +18,7 @@ from opct.config import ConfigError, construct, validate
 from opct.errors import OpctError
 from opct.evals.run import EvalConfig
 from opct.files import write_json_atomic
-from opct.train.config import TrainConfig, check_method, check_used
+from opct.train.config import TrainConfig, check_per_method
 
 # Fields the study sets itself, per cell (an error when a file gives them).
 RUNNER_TRAIN_FIELDS = ("method", "model", "pairs", "out", "seed", "resume", "init_adapter", "targets")
@@ -75,15 +75,9 @@ def check_blocks(cfg) -> None:
             raise ConfigError(f"method_train.{m}", f"not one of the methods ({', '.join(cfg.methods)})")
         try:
             construct(TrainConfig, {**over}, reserved=RUNNER_TRAIN_FIELDS)
-            check_used(dataclasses.replace(cfg.train, **over, method=m), over)  # a setting the method ignores
         except ConfigError as e:
             raise e.under(f"method_train.{m}") from None
-    for m in cfg.methods:  # each method's own rules, on the shared block with its overrides
-        over = cfg.method_train.get(m, {})
-        try:
-            check_method(dataclasses.replace(cfg.train, **over, method=m))
-        except ConfigError as e:
-            raise e.under(f"method_train.{m}" if e.field in over else "train") from None
+    check_per_method(cfg.train, cfg.methods, cfg.method_train)
     for i, a in enumerate(cfg.axes):
         if a not in AXES or AXES[a].make_pairs is None:
             pair_axes = [n for n, x in AXES.items() if x.make_pairs is not None]

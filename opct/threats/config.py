@@ -15,7 +15,7 @@ from typing import ClassVar
 from opct.config import SEED, ConfigError, check_keys, construct, option, validate
 from opct.evals.run import EvalConfig
 from opct.files import is_dir_name
-from opct.train.config import TrainConfig, check_method, check_used
+from opct.train.config import TrainConfig, check_per_method
 
 KIND = "threats"
 CONTROLS = ("benign_sft",)
@@ -171,15 +171,9 @@ class ThreatsConfig:
                                                                   "and schedule")
             try:
                 construct(TrainConfig, {**over}, reserved=RUNNER_TRAIN_FIELDS)
-                check_used(dataclasses.replace(self.train, **over, method=m), over)  # a setting the method ignores
             except ConfigError as e:
                 raise e.under(f"method_train.{m}") from None
-        for m in [*self.methods, "sft"]:  # each method's own rules, the control's (sft) included
-            over = self.method_train.get(m, {})
-            try:
-                check_method(dataclasses.replace(self.train, **over, method=m))
-            except ConfigError as e:
-                raise e.under(f"method_train.{m}" if e.field in over else "train") from None
+        check_per_method(self.train, [*self.methods, "sft"], self.method_train)  # the control (sft) included
 
     def run_name(self) -> str:
         return self.name + ("-quick" if self.quick and not self.name.endswith("-quick") else "")

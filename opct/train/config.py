@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Optional
 
-from opct.config import SEED, ConfigError, option, validate
+from opct.config import SEED, ConfigError, defaults_of, option, unread, validate
 from opct.resume_check import EQUIVALENT
 from opct.trackers import PACKAGES as TRACKERS
 
@@ -200,7 +200,8 @@ USED_BY = {
                      lambda c: f"--method {c.method}, --sampler {c.sampler}")),
     **dict.fromkeys(("target_n", "target_temperature", "target", "mask_reason"), _methods(TARGET_METHODS)),
     "teacher_model": (lambda c: c.method not in LIVE_TEACHER, "a method with a frozen teacher (not "
-                      f"{' or '.join(LIVE_TEACHER)}, whose target is the live model)", lambda c: f"--method {c.method}"),
+                      f"{' or '.join(LIVE_TEACHER)}, whose target is the live model)",
+                      lambda c: f"--method {c.method}"),
     "layers": _methods(_ACT + ("mlpct", "attct")),
     "act_weight": _methods(_ACT),
     "mlpct_weight": _methods(("mlpct",)),
@@ -214,9 +215,9 @@ USED_BY = {
 def unused(cfg: TrainConfig, names=None) -> list[str]:
     """The fields of `cfg` (of `names`, where given) set away from their defaults that `cfg`'s run never reads, in
     `USED_BY`'s order: `--topk 50` with the full estimator, `--layers 0` with --method opct."""
-    default = TrainConfig()
+    default = defaults_of(TrainConfig)
     return [name for name, (reads, _, _) in USED_BY.items()
-            if (names is None or name in names) and getattr(cfg, name) != getattr(default, name) and not reads(cfg)]
+            if (names is None or name in names) and getattr(cfg, name) != default[name] and not reads(cfg)]
 
 
 def check_used(cfg: TrainConfig, names=None) -> None:
@@ -224,7 +225,23 @@ def check_used(cfg: TrainConfig, names=None) -> None:
     2026-12-07, `opct train --method bct --estimator topk` trained BCT and recorded the estimator)."""
     for name in unused(cfg, names)[:1]:
         _, text, now = USED_BY[name]
-        raise ConfigError(name, f"does nothing in this run ({now(cfg)}): it is for {text}; remove it")
+        raise unread(name, now(cfg), text)
+
+
+def check_per_method(train: TrainConfig, methods, method_train: dict) -> None:
+    """For each of a study's `methods`, on the shared `train` block with the method's overrides (`method_train`):
+    its rules (`check_method`) and an override it does not read (`check_used`). A ConfigError under
+    `method_train.METHOD` when an override is at fault, else under `train`."""
+    import dataclasses
+
+    for m in methods:
+        over = method_train.get(m, {})
+        cfg = dataclasses.replace(train, **over, method=m)
+        try:
+            check_used(cfg, over)
+            check_method(cfg)
+        except ConfigError as e:
+            raise e.under(f"method_train.{m}" if e.field in over else "train") from None
 
 
 def _cpu_backend(name):
