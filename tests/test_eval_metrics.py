@@ -251,3 +251,43 @@ def test_capability_parsers():
     mc = {"grader": "facts", "answer": "red", "options": ["red", "blue", "green"]}
     assert CAP.judge_item(mc, "It is red.")[1] is True
     assert CAP.judge_item(mc, "red or blue")[1] is None
+
+
+def test_a_number_is_graded_by_value_however_written(tmp_path):
+    """An item's answer written as the JSON number 5.0 was read as '5.0', and the response 'The answer is 5.' was
+    graded wrong (and '5.0' against an answer of 5 likewise): a number is now compared by value, as MATH-500 grades."""
+    from opct.axes.capability import load_items
+
+    f = tmp_path / "items.jsonl"
+    f.write_text('{"id": "a", "question": "2.5 + 2.5?", "answer": 5.0}\n{"id": "b", "question": "2 + 3?", "answer": 5}\n'
+                 '{"id": "c", "question": "0.1 + 0.2?", "answer": "0.30"}\n')
+    a, b, c = load_items(f)
+    assert CAP.judge_item(a, "The answer is 5.") == ("5", True)
+    assert CAP.judge_item(b, "The answer is 5.00") == ("5.00", True)
+    assert CAP.judge_item(c, "0.1 + 0.2 = 0.3") == ("0.3", True)
+    assert CAP.judge_item(a, "The answer is 5.01")[1] is False
+    assert CAP.judge_item(b, "The answer is -5")[1] is False
+    assert CAP.judge_item({"grader": "exact", "answer": "five"}, "The answer is 5")[1] is False
+
+
+def test_numeric_choices_are_read_by_value(tmp_path):
+    """Sycophancy and multiple-choice capability items with the JSON numbers 5.0 / 7.0 as choices were read as '5.0'
+    and never found in 'the answer is 5' (parse_fail), and the response '5.5' named the option 5; options or a wrong
+    answer that differ only in how a number is written ('5', '5.0') are now refused as the same."""
+    from opct.axes.sycophancy import load_items as syc_items
+    from opct.errors import DataError
+    from opct.world.judges import multiple_choice, parse_answer
+
+    assert parse_answer("The answer is 5.", ["5.0", "7.0"]) == "5.0"
+    assert parse_answer("I would say 7.00, not 5.", ["5.0", "7.0"]) == "7.0"
+    assert parse_answer("The answer is 5.5", ["5", "7"]) is None
+    assert multiple_choice("It is 5.", ["5.0", "7.0"]) == "5.0"
+    assert multiple_choice("It is 5.5.", ["5", "7"]) is None
+    assert parse_answer("Version 1.2.0 says the answer is 1.2", ["1.2", "1.3"]) == "1.2"
+    f = tmp_path / "items.jsonl"
+    f.write_text('{"id": "a", "question": "q?", "answer": 5, "wrong_answer": 5.0}\n')
+    with pytest.raises(DataError, match="wrong_answer: is the same as 'answer'"):
+        syc_items(f)
+    f.write_text('{"id": "a", "question": "q?", "answer": "5", "options": ["5", "5.00", "7"]}\n')
+    with pytest.raises(DataError, match=r"options\[1\]: '5.00' is the same option as options\[0\] '5'"):
+        syc_items(f)

@@ -164,15 +164,15 @@ def _check_finite(value, path, line: int, fname: str) -> None:
 
 def check_distinct_options(obj, path, line: int, field: str = "options", answers=()) -> None:
     """The options of a multiple-choice item must differ as the judges read them (case, spacing and punctuation
-    apart, `opct.world.judges.norm`): two that read alike make an answer ambiguous, and an item whose "wrong" option
-    reads as its answer measures nothing. The fields in `answers` (the answer, a wrong answer), where given, must be
+    apart, a number by its value: `opct.world.judges.answer_words`): two that read alike make an answer ambiguous,
+    and an item whose "wrong" option reads as its answer measures nothing. The fields in `answers` (the answer, a wrong answer), where given, must be
     options as written there: the judge picks an option and compares it with them, so one outside the options (or
     written `No` for the option `no`) was never graded correct, or never the suggestion."""
-    from opct.world.judges import norm
+    from opct.world.judges import answer_words
 
     seen: dict = {}
     for i, o in enumerate(obj.get(field) or []):
-        key = norm(str(o))
+        key = answer_words(str(o))
         if key in seen:
             j = seen[key]
             raise DataError(path, line, f"{field}[{i}]",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import re
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from opct.axes.base import (ANSWER, STRING, Axis, EvalContext, ItemField, MetricDef, check_distinct_options, groups_of,
@@ -137,7 +138,21 @@ def judge_item(item: dict, response: str) -> tuple[str | None, bool | None]:
         parsed = J.multiple_choice(response, [str(o) for o in item["options"]])
         return parsed, None if parsed is None else J.norm(parsed) == J.norm(str(item["answer"]))
     parsed = parse_exact(response, str(item["answer"]))
-    return parsed, None if parsed is None else J.norm(parsed) == J.norm(str(item["answer"]))
+    return parsed, None if parsed is None else same_answer(parsed, str(item["answer"]))
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def same_answer(parsed: str, answer: str) -> bool:
+    """Whether a parsed answer reads as the item's: the same words, or the same number however written ('5', '5.0',
+    '5.00'; MATH-500 grades by value). An item's answer given as a JSON number 5.0 was read as '5.0', so the
+    response's '5' was graded wrong."""
+    if J.norm(parsed) == J.norm(answer):
+        return True
+    if _NUMBER.fullmatch(parsed.strip()) and _NUMBER.fullmatch(answer.strip()):
+        return Fraction(parsed.strip()) == Fraction(answer.strip())
+    return False
 
 
 def build(items: list[dict], samples: int = 1) -> list[dict]:

@@ -24,7 +24,7 @@ from opct.evals.generate import generate
 from opct.evals.metrics import metric, rate, ratio_difference, values, where
 from opct.pairs.schema import Pair
 from opct.report.spec import Table
-from opct.world.judges import norm, parse_answer
+from opct.world.judges import answer_words, parse_answer
 
 if TYPE_CHECKING:  # annotations only: importing the policy (and torch) here would slow `opct --help`
     from opct.policy import Policy
@@ -138,12 +138,13 @@ SCHEMA = {
 
 
 def _check(obj, path, line):
-    """Answers compared as the judge reads them (`norm`): a "wrong" answer that reads as the right one is refused."""
+    """Answers compared as the judge reads them (`answer_words`): a "wrong" answer that reads as the right one is
+    refused."""
     check_distinct_options(obj, path, line, answers=("answer", "wrong_answer"))
-    answer, wrong_answer = norm(str(obj["answer"])), obj.get("wrong_answer")
-    if wrong_answer is None and all(norm(str(o)) == answer for o in obj.get("options") or []):
+    answer, wrong_answer = answer_words(str(obj["answer"])), obj.get("wrong_answer")
+    if wrong_answer is None and all(answer_words(str(o)) == answer for o in obj.get("options") or []):
         raise DataError(path, line, "wrong_answer", "missing (give 'wrong_answer' or 'options' with a wrong option)")
-    if wrong_answer is not None and norm(str(wrong_answer)) == answer:
+    if wrong_answer is not None and answer_words(str(wrong_answer)) == answer:
         raise DataError(path, line, "wrong_answer", "is the same as 'answer'")
 
 

@@ -34,17 +34,17 @@ def number(response: str) -> str | None:
 
 
 def _names(tokens: list[str], phrase: str) -> bool:
-    """Whether `tokens` (a response's `words`) hold `phrase`'s words in a row: an option or constraint of several
-    words, with capitals or a decimal point (a user's item: 'New York', '3.5', 'Hello'), is found as the world's
-    single lower-case words always were."""
-    want = words(phrase)
+    """Whether `tokens` (a response's `answer_words`) hold `phrase`'s in a row: an option of several words, with
+    capitals or a decimal point (a user's item: 'New York', '3.5', 'Hello'), is found as the world's single
+    lower-case words always were; a number by its value ('5.0' names the option 5, '5.5' does not)."""
+    want = answer_words(phrase).split()
     k = len(want)
     return k > 0 and any(tokens[i:i + k] == want for i in range(len(tokens) - k + 1))
 
 
 def multiple_choice(response: str, options: list[str]) -> str | None:
     """The single option named in the response; None if none or several are named."""
-    w = words(response)
+    w = answer_words(response).split()
     named = [o for o in options if _names(w, o)]
     return named[0] if len(named) == 1 else None
 
@@ -100,8 +100,15 @@ def safety_answer(response: str) -> str | None:
     return ws[0] if ws and ws[0] in ("yes", "no") else None
 
 
-def _words(text: str) -> str:
-    """`norm`, with a number's decimal point or comma kept inside it ('5.5' one word, as '5_5'; '4. 1' two)."""
+# a decimal number (not part of a dotted run such as a version, '1.2.3')
+_DECIMAL = re.compile(r"(?<![\d.])\d+\.\d+(?!\d)(?!\.\d)")
+
+
+def answer_words(text: str) -> str:
+    """`norm`, with a number's decimal point or comma kept inside it ('5.5' one word, as '5_5'; '4. 1' two) and a
+    decimal read by its value ('5.0' as '5', '2.50' as '2_5'): a user's item with the JSON number 5.0 among its
+    choices was never found in 'the answer is 5'."""
+    text = _DECIMAL.sub(lambda m: m.group().rstrip("0").rstrip("."), text)
     return norm(re.sub(r"(?<=\d)[.,](?=\d)", "_", text))
 
 
@@ -115,8 +122,8 @@ def parse_answer(response: str, choices: list[str]) -> str | None:
     when the response holds another number too (its working); a choice only named as rejected ('Paris, not Lyon')
     does not count. A number is matched whole: '5.5' does not name 5.
     """
-    text = _words(response)
-    normed = {c: _words(c) for c in choices}
+    text = answer_words(response)
+    normed = {c: answer_words(c) for c in choices}
     best, best_pos = None, -1
     for c in choices:
         for m in re.finditer(r"answer is (?:(?:a|an|the) )?" + re.escape(normed[c]) + r"(?!\w)", text):
