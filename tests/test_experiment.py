@@ -370,3 +370,30 @@ def test_a_damaged_experiment_json_is_named_before_a_rerun_extends_it(tmp_path, 
     with pytest.raises(OpctError) as e:  # and `opct report` says the same
         load_run(root)
     assert str(e.value) == f"{path}: {needle}"
+
+
+def test_arms_flag_picks_from_a_list_or_a_mapping_of_arms(tmp_path):
+    """`opct run configs/demo.yaml --arms base opct act` (the README's example) failed with "arms: must be a mapping"
+    for every file whose arms is a list; a file's arm_train of an arm --arms did not pick was refused as "not one of
+    the arms (base)"; `--arms base base` ran one base arm without a word (all found 2026-12-07)."""
+    from opct.cli import build_parser
+
+    root = Path(__file__).resolve().parents[1]
+
+    def picked(path, *arms):
+        return load_experiment(path, build_parser().parse_args(["run", str(path), "--arms", *arms]))
+
+    demo = picked(root / "configs" / "demo.yaml", "base", "opct", "act")
+    assert demo.arms == {"base": {"method": "base"}, "opct": {"method": "opct"}, "act": {"method": "act"}}
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("arms: {base: {}, fast: {method: bct, lr: 0.01}}\narm_train: {fast: {max_steps: 3}}\n")
+    assert picked(exp, "base").arms == {"base": {"method": "base"}}
+    assert picked(exp, "fast").arms == {"fast": {"method": "bct", "lr": 0.01, "max_steps": 3}}
+    with pytest.raises(OpctError, match="^--arms: base named twice$"):
+        picked(exp, "base", "base")
+    exp.write_text("arms: {base: {}}\narm_train: {fats: {max_steps: 3}}\n")
+    with pytest.raises(OpctError, match=rf"^{exp}: arm_train: 'fats' is not one of the arms \(base\)$"):
+        picked(exp, "base")
+    exp.write_text("arms: [base, 3]\n")
+    with pytest.raises(OpctError, match=rf"^{exp}: arms\[1\]: must be a method name"):
+        picked(exp, "base")

@@ -257,7 +257,21 @@ def load_experiment(path=None, args=None, **overrides) -> ExperimentConfig:
 
     data = _legacy_trained(load_config_file(path), path) if path else None
     flags = flag_values(ExperimentConfig, args)
-    if "arms" in flags and data is not None and isinstance(data.get("arms"), dict):
-        # --arms picks arms of the file by name; a name the file does not define is the method of that name
-        overrides.setdefault("arms", {a: data["arms"].get(a) for a in flags["arms"]})
+    if "arms" in flags and data is not None and data.get("arms") is not None and "arms" not in overrides:
+        # --arms picks arms of the file by name (its list or its mapping: a list was refused as "must be a mapping",
+        # so the README's `opct run configs/demo.yaml --arms base opct act` failed until 2026-12-07); a name the file
+        # does not define is the method of that name. The file's arm_train of an arm not picked is left with it.
+        try:
+            file_arms = _normalise_arms(data["arms"])
+        except ConfigError as e:
+            raise OpctError(f"{path}: {e}") from None
+        twice = sorted({a for a in flags["arms"] if flags["arms"].count(a) > 1})
+        if twice:
+            raise OpctError(f"--arms: {', '.join(twice)} named twice")
+        overrides["arms"] = {a: file_arms.get(a) for a in flags["arms"]}
+        if isinstance(data.get("arm_train"), dict) and "arm_train" not in overrides:
+            for a in data["arm_train"]:
+                if a not in file_arms:
+                    raise OpctError(f"{path}: arm_train: {a!r} is not one of the arms ({', '.join(file_arms)})")
+            overrides["arm_train"] = {a: v for a, v in data["arm_train"].items() if a in flags["arms"]}
     return build_config(ExperimentConfig, args, path, data, **overrides)
