@@ -107,8 +107,16 @@ def test_the_probe_on_a_real_run(tiny_run, tmp_path, capfd):
 
 
 def test_bad_input_is_a_clear_error(tiny_run, tmp_path, capsys):
-    with pytest.raises(OpctError, match="--n: must be an integer >= 2"):
+    with pytest.raises(OpctError, match="--n: must be an integer >= 3"):
         M.compute(tiny_run, n=1, progress=False)
+    # --n 2 was accepted and printed CKA 1.000 on every layer: two centred prompts give rank-1 kernels, CKA 1 for any
+    # two arms (found 2026-12-07)
+    import torch
+
+    x, y = torch.randn(2, 8, dtype=torch.float64), torch.randn(2, 8, dtype=torch.float64)
+    assert M.linear_cka(x, y) == pytest.approx(1.0)
+    with pytest.raises(OpctError, match="--n: must be an integer >= 3 .*: with two prompts, centred, CKA is 1"):
+        M.compute(tiny_run, n=2, progress=False)
     with pytest.raises(OpctError, match="'nope' is not an arm"):
         M.compute(tiny_run, arms=["nope"], progress=False)
     with pytest.raises(OpctError, match="^--arms: opct named twice$"):  # accepted until 2026-12-07

@@ -31,6 +31,10 @@ ACTIVATION_METHODS = ("act", "mlpct", "attct")
 OUTPUT_METHODS = ("bct", "sft", "opct", "offpolicy")
 UNTRAINED = ("base", "teacher")
 RANGE = {"cos": (-1.0, 1.0), "cka": (0.0, 1.0)}
+# Two centred prompts make rank-1 kernels, whose linear CKA is 1 whatever the arms do: it was printed as 1.000,
+# "the same change", from --n 2 or a run of two training pairs (found 2026-12-07)
+MIN_PROMPTS = 3
+_WHY_THREE = "with two prompts, centred, CKA is 1 whatever the arms do"
 
 
 def _t_interval(xs: list, lo: float | None = None, hi: float | None = None):
@@ -111,8 +115,8 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
     from opct.report.rundir import load_run
     from opct.subjects import resolve
 
-    if not isinstance(n, int) or isinstance(n, bool) or n < 2:
-        raise OpctError(f"--n: must be an integer >= 2 (got {n!r}): CKA needs at least two prompts")
+    if not isinstance(n, int) or isinstance(n, bool) or n < MIN_PROMPTS:
+        raise OpctError(f"--n: must be an integer >= {MIN_PROMPTS} (got {n!r}): {_WHY_THREE}")
     run = load_run(run_dir)
     model_dir, _ = resolve(str(run.experiment.get("model_dir") or run.experiment.get("model", "default")))
     trained = [a for a in run.arms if a not in UNTRAINED and _method_of(run, a) not in UNTRAINED]
@@ -135,8 +139,8 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
             bar.update(1 + len(trained))
             continue
         prompts = _prompts(pairs_file, n, seed)
-        if len(prompts) < 2:
-            raise OpctError(f"{pairs_file}: fewer than two perturbed prompts")
+        if len(prompts) < MIN_PROMPTS:
+            raise OpctError(f"{pairs_file}: {len(prompts)} perturbed prompt(s), fewer than {MIN_PROMPTS}: {_WHY_THREE}")
         base = _states(load_policy(model_dir, progress=progress), [m for _, m in prompts], batch_size)
         bar.update(1)
         deltas = {}
