@@ -156,3 +156,14 @@ def test_bad_input_is_a_clear_error(tiny_run, tmp_path, capsys):
     bad.write_text("{\"summary\": 3}")
     with pytest.raises(OpctError, match="mechanism.json: not a mechanism probe result"):
         M.load(tmp_path / "run")
+
+
+def test_a_threats_or_robustness_run_is_named_as_such(tmp_path):
+    """`opct mechanism` on a cross-threat run said "is it a run directory written by `opct run`?" -- it was (found
+    2026-12-07): it now says what kind of run it is and what the probe reads."""
+    for record, kind in (("threats.json", "kind: threats"), ("study.json", "kind: robustness")):
+        run = tmp_path / record.split(".")[0]
+        run.mkdir()
+        (run / record).write_text("{}")
+        with pytest.raises(OpctError, match=rf"^{run}: a .*\({kind}\) run \({record}\); the mechanism probe"):
+            M.compute(run, progress=False)

@@ -117,6 +117,11 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
 
     if not isinstance(n, int) or isinstance(n, bool) or n < MIN_PROMPTS:
         raise OpctError(f"--n: must be an integer >= {MIN_PROMPTS} (got {n!r}): {_WHY_THREE}")
+    for record, kind in (("threats.json", "cross-threat (kind: threats)"),
+                         ("study.json", "robustness (kind: robustness)")):
+        if (Path(run_dir) / record).exists():  # it said "is it a run directory written by `opct run`?" (2026-12-07)
+            raise OpctError(f"{run_dir}: a {kind} run ({record}); the mechanism probe compares the arms of an "
+                            "experiment (`opct run EXPERIMENT.yaml`)")
     run = load_run(run_dir)
     model_dir, _ = resolve(str(run.experiment.get("model_dir") or run.experiment.get("model", "default")))
     trained = [a for a in run.arms if a not in UNTRAINED and _method_of(run, a) not in UNTRAINED]
