@@ -263,7 +263,7 @@ def test_opct_eval_resume_refuses_an_items_file_whose_contents_changed(test_orga
     assert json.loads((out / "run.json").read_text())["done"] == ["sycophancy", "jailbreak"]
 
 
-@pytest.mark.parametrize("changed", ["adapter", "model", "chat template"])
+@pytest.mark.parametrize("changed", ["adapter", "model", "chat template", "adapter and its config"])
 def test_opct_eval_resume_refuses_an_adapter_or_model_whose_weights_changed(test_organism, tmp_path, monkeypatch,
                                                                             capsys, changed):
     """The adapter (or the model) directory's weights replaced between the stop and the --resume: refused before
@@ -291,6 +291,10 @@ def test_opct_eval_resume_refuses_an_adapter_or_model_whose_weights_changed(test
     before = _interrupted(out, argv, monkeypatch, capsys)
     if changed == "adapter":
         save_adapter(1)  # another adapter at the same path
+    elif changed == "adapter and its config":  # named once (it was "--adapter X, --adapter X (its config, ...)")
+        save_adapter(1)
+        cfg_file = tmp_path / "adapter" / "adapter_config.json"
+        cfg_file.write_text(cfg_file.read_text().replace('"lora_alpha": 8', '"lora_alpha": 4'))
     elif changed == "model":  # the model's weights retrained in place (its first tensor moved)
         weights = load_file(model / "model.safetensors")
         first = sorted(weights)[0]
@@ -300,8 +304,9 @@ def test_opct_eval_resume_refuses_an_adapter_or_model_whose_weights_changed(test
         template = model / "chat_template.jinja"
         template.write_text(template.read_text().replace("<|assistant|>", "<|assistant|> answer:", 1))
     capsys.readouterr()  # transformers' loading bar of save_adapter
-    named = f"--{changed} {tmp_path / changed}" if changed != "chat template" else \
-        f"--model {model} (its config, tokenizer or chat template)"
+    named = {"chat template": f"--model {model} (its config, tokenizer or chat template)",
+             "adapter and its config": f"--adapter {tmp_path / 'adapter'} (its weights, and its config, tokenizer or "
+                                       "chat template)"}.get(changed, f"--{changed} {tmp_path / changed}")
     assert _refused(out, argv, capsys) == (
         f"opct: error: {out}: cannot resume: {named} holds other contents than when the run started (its fingerprint "
         f"differs from {out / 'run.json'}'s inputs); its finished axes were measured on the earlier contents: put "

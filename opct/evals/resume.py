@@ -89,8 +89,13 @@ def check_inputs(out: Path, cfg, saved: dict, inputs: dict) -> list[str]:
     tasks = [k for k in changed if k == "lm_eval_include" or k.startswith("lm_eval_tasks.")]
     changed = [k for k in changed if k not in tasks]
     if changed:
-        names = ", ".join(_input_named(cfg, k) for k in changed)
-        one = len(changed) == 1
+        # a model or adapter whose weights and files both changed is named once ("--adapter X, --adapter X (its
+        # config, ...)" until 2026-12-07)
+        both = {k for k in changed if k + ".files" in changed}
+        named = [_input_named(cfg, k) + (" (its weights, and its config, tokenizer or chat template)" if k in both
+                                         else "") for k in changed if k.removesuffix(".files") not in both or k in both]
+        names = ", ".join(named)
+        one = len(named) == 1
         raise OpctError(f"{out}: cannot resume: {names} {'holds' if one else 'hold'} other contents than when the "
                         f"run started ({'its fingerprint differs' if one else 'their fingerprints differ'} from "
                         f"{run_json}'s inputs); its finished "
