@@ -120,6 +120,33 @@ def _problem(e) -> str:
     return problem
 
 
+def _yaml(text: str, path: Path):
+    data = _strict_yaml(text, path)
+    _check_expanded(data, path)
+    data = check_unicode(data)
+    if data is None:  # nothing but blanks and comments: a mistake more likely than "every default"
+        raise OpctError(f"{path}: holds no settings (empty, or comments only); leave the file out to use the defaults")
+    return data
+
+
+def _json_or_yaml(text: str, path: Path):
+    """JSON when the text parses as JSON, else YAML; when neither does, the error of the one it looks like (JSON
+    when it starts with a brace or a bracket)."""
+    import json
+
+    try:
+        return strict_loads(text)
+    except json.JSONDecodeError as json_error:
+        try:
+            return _yaml(text, path)
+        except OpctError:
+            raise
+        except Exception:  # noqa: BLE001 - reported as the parse error of the format it looks like
+            if text.lstrip()[:1] in ("{", "["):
+                raise json_error from None
+            raise
+
+
 def load_config_file(path) -> dict:
     path = Path(path)
     if not path.exists():
@@ -134,16 +161,13 @@ def load_config_file(path) -> dict:
     text = _read_pipe(path) if piped is not None else read_text(path)
     try:
         if path.suffix in (".yaml", ".yml"):
-            data = _strict_yaml(text, path)
-            _check_expanded(data, path)
-            data = check_unicode(data)
-            if data is None:  # nothing but blanks and comments: a mistake more likely than "every default"
-                raise OpctError(f"{path}: holds no settings (empty, or comments only); leave the file out to use "
-                                "the defaults")
+            data = _yaml(text, path)
         elif not text.strip():
             raise OpctError(f"{path}: holds no settings (empty); leave the file out to use the defaults")
-        else:
+        elif path.suffix == ".json":
             data = strict_loads(text)
+        else:  # a pipe (`--config <(...)`, /dev/fd/63) or another name: JSON, else YAML (a YAML config through a
+            data = _json_or_yaml(text, path)  # pipe was "Expecting value: line 1 column 1" until 2026-12-07)
     except OpctError:
         raise
     except RecursionError:

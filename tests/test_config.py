@@ -475,6 +475,26 @@ def test_a_config_through_a_pipe_is_read(tmp_path):
     with pytest.raises(OpctError, match=f"^{path}: more than 16 MiB came through the pipe; give a file$"):
         load_config_file(path)
     writer.join()
+    # YAML through a pipe (the README's `--config <(printf 'max_steps: 1\n')`) was parsed as JSON: "Expecting value:
+    # line 1 column 1" (found 2026-12-07); so was a YAML file of any other name than .yaml / .yml
+    for i, (text, want) in enumerate([(b"max_steps: 1\nbatch_size: 2\n", {"max_steps": 1, "batch_size": 2}),
+                                      (b"lr: 0.5\nlr: 0.1\n", "lr is set twice"),
+                                      (b'{"lr": 0.5, "lr": 0.1}', "lr: set twice in one object")]):
+        path = tmp_path / f"yaml{i}"
+        os.mkfifo(path)
+        writer = threading.Thread(target=write, args=(text,))
+        writer.start()
+        if isinstance(want, dict):
+            assert load_config_file(path) == want
+        else:
+            with pytest.raises(OpctError, match=want):
+                load_config_file(path)
+        writer.join()
+    (tmp_path / "exp.cfg").write_text("seeds: [0, 1]\n")
+    assert load_config_file(tmp_path / "exp.cfg") == {"seeds": [0, 1]}
+    (tmp_path / "bad.cfg").write_text('{"seeds": [0, 1}')
+    with pytest.raises(OpctError, match=r"bad.cfg: cannot parse config: Expecting ',' delimiter"):
+        load_config_file(tmp_path / "bad.cfg")
 
 
 def test_threads_past_the_machines_cpus_and_devices_opct_has_no_path_for_are_refused_by_name(tmp_path, capsys):
