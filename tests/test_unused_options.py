@@ -211,6 +211,8 @@ def test_a_threats_method_may_not_train_at_another_lr_or_lora_than_its_control(t
      "judge grades); remove it"),
     (["--suite", "sycophancy,capability", "--judge", "http", "--judge-url", "http://h/v1", "--judge-model", "g"],
      "--judge: does nothing in this run (--suite sycophancy,capability)"),
+    # without --judge-url it said "--judge-url: judge http needs it" (found 2026-12-07)
+    (["--suite", "sycophancy", "--judge", "http"], "--judge: does nothing in this run (--suite sycophancy)"),
     (["--suite", "jailbreak", "--judge", "world", "--judge-timeout", "9"],
      "--judge-timeout: does nothing in this run (--suite jailbreak, --judge world): it is for --judge http on "
      "--suite jailbreak or prefill; remove it"),

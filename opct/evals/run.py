@@ -164,11 +164,15 @@ class EvalConfig:
         bad = [a for a, v in self.axis_n.items() if isinstance(v, bool) or not isinstance(v, int) or v < 1]
         if bad:
             raise ConfigError(f"axis_n.{bad[0]}", f"must be an integer >= 1 (got {self.axis_n[bad[0]]!r})")
-        if self.judge == "http":  # here, so an experiment or threats file is refused when read, not at its first eval
+        from opct.evals.used import JUDGED
+
+        # here, so an experiment or threats file is refused when read, not at its first eval; on a suite no judge
+        # grades, `opct.evals.used` refuses --judge http itself (this said "judge http needs it" until 2026-12-07)
+        if self.judge == "http" and any(a in JUDGED for a in suite_names(self.suite)):
             for field, what in (("judge_url", "an OpenAI-compatible base URL"), ("judge_model", "the judge's model")):
                 if not getattr(self, field):
                     raise ConfigError(field, f"judge http needs it ({what})")
-        else:  # given with another judge it would be ignored without a word
+        elif self.judge != "http":  # given with another judge it would be ignored without a word
             for field in ("judge_url", "judge_model"):
                 if getattr(self, field) is not None:
                     raise ConfigError(field, f"only the http judge reads it, and the judge is {self.judge!r} "
