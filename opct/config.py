@@ -372,7 +372,10 @@ def build_config(cls, args: argparse.Namespace | None = None, config_file=None, 
         unset_flag = src is None and args is not None and top not in overrides and any(
             f.name == top and f.metadata.get("cli", True) for f in dataclasses.fields(cls))
         if src == "--" or unset_flag:
-            raise OpctError(f"{_flag(top)}{e.field[len(top):]}: {e.problem}") from None
+            # a switch turned off is named as the user typed it (`--no-rl-attack`, not `--rl-attack`)
+            off = src == "--" and values.get(top) is False and defaults_of(cls).get(top) is True
+            flag = "--no-" + top.replace("_", "-") if off else _flag(top)
+            raise OpctError(f"{flag}{e.field[len(top):]}: {e.problem}") from None
         raise OpctError(f"{src or _label(cls)}: {e}") from None
     except TypeError as e:  # a field name that is not one of cls's (from overrides)
         raise OpctError(f"invalid {cls.__name__}: {e}") from None

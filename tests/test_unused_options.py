@@ -225,6 +225,9 @@ def test_a_threats_method_may_not_train_at_another_lr_or_lora_than_its_control(t
      "--rl-episodes: does nothing in this run (--no-attack): it is for the adaptive attacker"),
     (["--suite", "awareness", "--attack-targets", "all"], "--attack-targets: does nothing in this run (--suite "
                                                           "awareness)"),
+    # a switch turned off is named as typed: it said "--rl-attack: does nothing" (found 2026-12-07)
+    (["--suite", "jailbreak", "--no-attack", "--no-rl-attack"],
+     "--no-rl-attack: does nothing in this run (--no-attack): it is for the adaptive attacker"),
     (["--suite", "jailbreak", "--no-rl-attack", "--rl-epochs", "1"],
      "--rl-epochs: does nothing in this run (--no-rl-attack): it is for the RL attacker (--rl-attack); remove it"),
     (["--suite", "jailbreak", "--gcg-steps", "0", "--gcg-topk", "3"],
