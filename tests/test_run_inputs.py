@@ -139,7 +139,7 @@ def test_a_threats_pairs_file_edited_since_its_cells_trained_is_refused(tmp_path
         make(path)
         make(path)  # the same pairs: used
         save_pairs(load_pairs(path)[1:], path)
-        with pytest.raises(OpctError, match="holds other pairs than the run makes for seed 0"):
+        with pytest.raises(OpctError, match="holds other pairs than the experiment makes for seed 0"):
             make(path)
 
 

@@ -215,7 +215,7 @@ def _check_made(path: Path, pairs: list, seed: int) -> None:
     from opct.pairs.schema import load_pairs
 
     if [p.to_json() for p in load_pairs(path)] != [p.to_json() for p in pairs]:
-        raise OpctError(f"{path}: holds other pairs than the run makes for seed {seed} ({len(pairs)} pairs: "
+        raise OpctError(f"{path}: holds other pairs than the experiment makes for seed {seed} ({len(pairs)} pairs: "
                         f"the file was edited, or made by another version of opct); the arms already trained on it "
                         f"would not be comparable with new ones: put the original back, or run the experiment again "
                         f"under another --name")
@@ -300,6 +300,8 @@ def _arm_train_config(cfg: ExperimentConfig, arm: str, seed: int, model: str, pa
 def check_trained_cells(cfg: ExperimentConfig, root: Path, model: str) -> None:
     """Before experiment.json is rewritten or anything runs: every cell of this run already trained (final/) was
     trained as its arm trains now, on its pairs (`opct.train.rundir.check_finished`)."""
+    from opct.report.rundir import check_cell
+    from opct.shapes import OBJECT, read_checked
     from opct.train.rundir import check_finished
 
     for seed in cfg.seeds:
@@ -307,6 +309,8 @@ def check_trained_cells(cfg: ExperimentConfig, root: Path, model: str) -> None:
             out = cell_dir(root, arm, seed) / "train"
             if cfg.method(arm) in UNTRAINED or not (out / "final").exists():
                 continue
+            if (done := out.parent / "done.json").exists():  # a cell copied from another folder is named as that
+                check_cell(done, read_checked(done, "done", OBJECT), arm, seed)
             n = cfg.arms[arm].get("benign_replay", 0)
             pairs = Path(cfg.pairs) if cfg.pairs else root / "pairs" / (f"seed{seed}-{arm}.jsonl" if n else
                                                                        f"seed{seed}.jsonl")
