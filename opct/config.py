@@ -163,7 +163,8 @@ def coerce(value, typ, name: str):
         raise ConfigError(name, f"must be a string (got {_shown(value)}; write it in quotes)")
     if origin in (list, tuple) or typ in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(name, f"must be a list (got {_shown(value)}; write [{value}] for a list of one)")
+            one = "; leave it out for the default" if value is None else f"; write [{value}] for a list of one"
+            raise ConfigError(name, f"must be a list (got {_shown(value)}{one})")
         inner = args[0] if args else typing.Any
         return [coerce(v, inner, f"{name}[{i}]") for i, v in enumerate(value)]
     if origin is dict or typ is dict:

@@ -89,15 +89,16 @@ def defaults_of(cls) -> dict:
 
 def restart_allowed(root, settings: str, changed: list[str]) -> bool:
     """Whether a run directory whose saved settings differ (`changed`, from `changes`) may start again with the new
-    ones: it holds only its settings file `settings` (and its lock), so nothing was run with the old ones (e.g. a
-    mistyped model path stopped it before its first pairs or cell). Says so in a note on stderr when it may."""
+    ones: it holds only its settings file `settings` (and its lock and run_inputs.json), so nothing was run with
+    the old ones (e.g. a mistyped model path stopped it before its first pairs or cell). Says so in a note on stderr
+    when it may."""
     import sys
     from pathlib import Path
 
     from opct.files import LOCK_NAME
 
     root = Path(root)
-    if not changed or not {p.name for p in root.iterdir()} <= {settings, LOCK_NAME}:
+    if not changed or not {p.name for p in root.iterdir()} <= {settings, LOCK_NAME, "run_inputs.json"}:
         return False
     print(f"opct: note: {root}: nothing was run with its earlier settings; starting again with these "
           f"({', '.join(changed)})", file=sys.stderr)

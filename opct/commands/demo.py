@@ -30,12 +30,32 @@ def register(sub) -> None:
                    help="print the default organism's behaviour profile against its targets, and stop")
     p.add_argument("--remeasure", action="store_true",
                    help="with --profile: sample the profile again from the saved model instead of reading it")
-    p.add_argument("--n", type=positive_arg, default=200, help="with --profile --remeasure: responses per behaviour")
-    p.add_argument("--seed", type=seed_arg, default=0, help="with --profile --remeasure: sampling seed")
+    p.add_argument("--n", type=positive_arg, default=None,
+                   help="with --profile --remeasure: responses per behaviour (default: 200)")
+    p.add_argument("--seed", type=seed_arg, default=None, help="with --profile --remeasure: sampling seed (default: 0)")
     p.set_defaults(func=_demo)
 
 
+def _check_profile_flags(args) -> None:
+    """--remeasure, --n and --seed are the default organism's profile's; until 2026-12-07 `opct demo --seed 3` (or
+    --n, or --remeasure without --profile) ran the whole demo at seed 0, and `--subject smollm2 --profile
+    --remeasure` printed the shipped profile unsaid."""
+    from opct.errors import OpctError
+
+    given = [f for f in ("n", "seed") if getattr(args, f) is not None]
+    if args.remeasure and args.subject != "default":
+        raise OpctError(f"--remeasure: the {args.subject} subject's profile is shipped, not measured here; "
+                        f"--remeasure samples the default organism's (opct demo --profile --remeasure)")
+    if args.remeasure and not args.profile:
+        raise OpctError("--remeasure: is for --profile (sampling the organism's profile again); the demo itself "
+                        "takes no --remeasure")
+    if given and not (args.profile and args.remeasure):
+        raise OpctError(f"--{given[0]}: is for --profile --remeasure (the profile's sampling); the demo's "
+                        f"experiment has its own seeds and item counts (configs/demo.yaml, run with opct run)")
+
+
 def _demo(args) -> int:
+    _check_profile_flags(args)
     if args.subject != "default":
         return _subject(args)
     if args.profile:
@@ -78,7 +98,7 @@ def _profile(args) -> int:
     print(f"default organism: {d}")
     print(f"  {meta['n_params']:,} parameters, built in {meta.get('build_seconds', '?')} s "
           f"(config hash {meta['config_hash']})")
-    profile = measure_profile(d, n=args.n, seed=args.seed) if args.remeasure \
+    profile = measure_profile(d, n=args.n or 200, seed=args.seed or 0) if args.remeasure \
         else json.loads((d / "profile.json").read_text())
     print_profile(profile)
     ok = check_targets(profile)

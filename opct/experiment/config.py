@@ -140,6 +140,7 @@ class ExperimentConfig:
         self.arm_train = {}
         for i, (arm, spec) in enumerate(self.arms.items()):
             _check_arm(arm, spec, self.train, list(self.arms)[:i], self.arms)
+        _check_read(self)
 
     def arm_config(self, arm: str, **runner: object) -> TrainConfig:
         """The arm's TrainConfig: the shared `train` block, the arm's overrides, then what the runner sets."""
@@ -172,7 +173,9 @@ def _normalise_arms(arms) -> dict:
         arms = {a: None for a in arms}
     if not isinstance(arms, dict):
         raise ConfigError("arms", f"must be a list of method names or a mapping of arm names to settings "
-                                  f"(got {arms!r}; write [{arms}] for one arm)")
+                                  f"(got {json.dumps(arms, default=str)}"
+                                  + ("; write [base, opct, bct], or leave it out for those)" if arms is None else
+                                     f"; write [{arms}] for one arm)"))
     if not arms:
         raise ConfigError("arms", "must name at least one arm")
     out = {}
@@ -209,6 +212,11 @@ def _check_arm(arm: str, spec: dict, train: TrainConfig, earlier: list[str], arm
         n = extra["benign_replay"]
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ConfigError(f"arms.{arm}.benign_replay", f"must be an integer >= 0 (got {n!r})")
+        from opct.world.items import replay_items
+
+        if n > (pool := len(replay_items())):  # was cut to the pool, experiment.json saying n (2026-12-07)
+            raise ConfigError(f"arms.{arm}.benign_replay", f"must be at most {pool}, the world's benign prompts "
+                                                           f"(got {n})")
     try:
         tc = construct(TrainConfig, {**_given(train), **overrides}, reserved=RUNNER_TRAIN_FIELDS)
         if method not in UNTRAINED:  # its method's rules; an arm's own setting its method ignores (the shared
@@ -217,6 +225,34 @@ def _check_arm(arm: str, spec: dict, train: TrainConfig, earlier: list[str], arm
             check_used(tc, overrides)
     except ConfigError as e:
         raise e.under(f"arms.{arm}") from None
+
+
+def _check_read(cfg: ExperimentConfig) -> None:
+    """A ConfigError for a setting no cell reads, as `opct eval` refuses its flags (`opct.evals.used`): every cell
+    evaluates `eval.suite` (the teacher arm without the attacker), so the shared eval and attack blocks are checked
+    against it; `pairs` is read only by a trained arm, and `pair_options.AXIS` only where AXIS is trained on or
+    evaluated (accepted and ignored until 2026-12-07). `trained` must give training something when an arm trains."""
+    from opct.config import unread
+    from opct.evals.run import suite_names
+    from opct.evals.used import check_attack_used, check_used
+
+    for block, check in (("eval", lambda: check_used(cfg.eval)),
+                         ("attack", lambda: check_attack_used(cfg.eval, cfg.attack))):
+        try:
+            check()
+        except ConfigError as e:
+            raise e.under(block) from None
+    trains = [a for a in cfg.arms if cfg.method(a) not in UNTRAINED]
+    if cfg.pairs and not trains:
+        raise unread("pairs", f"arms {', '.join(cfg.arms)}", "a trained arm", "remove it, or add a trained arm")
+    if trains and not cfg.pairs and not any(cfg.trained.values()):
+        raise ConfigError("trained", f"trains on nothing (every list is empty), but arm {trains[0]} trains: name the "
+                                     f"families to train on, e.g. {{sycophancy: [suggested_answer]}}, or give pairs")
+    read = set(suite_names(cfg.eval.suite)) | ({a for a, f in cfg.trained.items() if f} if trains else set())
+    for axis in cfg.pair_options:
+        if axis not in read:
+            raise unread(f"pair_options.{axis}", f"eval.suite {cfg.eval.suite}, no arm training on {axis}",
+                         f"the {axis} axis", f"add {axis} to eval.suite or to trained, or remove it")
 
 
 def _given(train: TrainConfig) -> dict:

@@ -118,6 +118,9 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
 
     check_samplers({f"arm {a}": cfg.arm_config(a) for a in cfg.arms if cfg.method(a) not in UNTRAINED})
     root = Path(cfg.out) / cfg.name
+    from opct.run_inputs import check_not_nested
+
+    check_not_nested(root)  # before anything is written into another run's folder
     from opct.evals.run import check_config
 
     try:  # what every cell's eval would refuse (lm-eval tasks, their folder, items files), before any cell runs
@@ -137,6 +140,13 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     resolved["arms"] = list(dict.fromkeys([*old.get("arms", []), *cfg.arms]))
     resolved["seeds"] = list(dict.fromkeys([*old.get("seeds", []), *cfg.seeds]))
     resolved["arm_specs"] = {**(old.get("arm_specs") or {}), **resolved["arm_specs"]}
+    from opct.run_inputs import check_run_inputs, experiment_inputs
+
+    # what the cells already run were built on: a rerun on other pairs, items or weights is refused
+    trains = any(cfg.method(a) not in UNTRAINED for a in cfg.arms)
+    check_run_inputs(root, *experiment_inputs(model, dataclasses.replace(cfg.eval, axis_items=axis_items(cfg)),
+                                              cfg.pairs if trains else ""), continuing=bool(old))
+    check_trained_cells(cfg, root, model)
     write_json_atomic(root / "experiment.json", resolved)
     # one setting for the whole experiment: training and evaluation run in this process
     with cpu_threads(count_parameters(model), cfg.eval.device, cfg.threads or None):
@@ -252,23 +262,17 @@ def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file
               log) -> tuple[str, str | None]:
     """Train one arm (resuming an interrupted run); return (model dir, adapter dir or None) to evaluate."""
     from opct.train.loop import train
+    from opct.train.rundir import check_finished
 
     final = out / "final"
-    if not final.exists():
-        runner = {}
-        src = cfg.arms[arm].get("init_from")
-        if src:  # continue another arm's adapter (that arm ran earlier in this seed)
-            init = out.parent.parent.parent / src / str(seed) / "train" / "final"
-            if not (init / "adapter_config.json").exists():
-                raise OpctError(f"arm {arm}: init_from {src!r}, but {init} holds no trained adapter (is the {src} "
-                                f"cell of seed {seed} done?)")
-            runner["init_adapter"] = str(init)
-        own = cfg.arms[arm].get("log_with", cfg.train.log_with)
-        runner["log_with"] = list(dict.fromkeys([*own, *cfg.log_with]))
-        runner["progress"] = cfg.progress and cfg.arms[arm].get("progress", cfg.train.progress)
-        tc = cfg.arm_config(arm, model=model, pairs=str(pairs_file), out=str(out), seed=seed,
-                            resume=out.is_dir(),  # also a run killed before its first checkpoint: started over
-                            trust_remote_code=cfg.trust_remote_code, **runner)
+    src = cfg.arms[arm].get("init_from")
+    tc = _arm_train_config(cfg, arm, seed, model, pairs_file, out)
+    if final.exists():  # trained by an earlier session: as this arm trains, on these pairs, or refused
+        check_finished(out, tc, f"the {arm} cell of seed {seed}")
+    else:
+        if src and not (Path(tc.init_adapter) / "adapter_config.json").exists():
+            raise OpctError(f"arm {arm}: init_from {src!r}, but {tc.init_adapter} holds no trained adapter (is the "
+                            f"{src} cell of seed {seed} done?)")
         log(f"  train {arm} ({tc.method}): {tc.max_steps} steps x {tc.batch_size} pairs"
             + (f" x {tc.n_samples} samples" if tc.method == "opct" else "") + f", lr {tc.lr}, "
             + ("LoRA r=%d" % tc.lora_r if tc.lora else "full fine-tuning")
@@ -277,6 +281,40 @@ def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file
     if (final / "adapter_config.json").exists():
         return model, str(final)
     return str(final), None
+
+
+def _arm_train_config(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file: Path, out: Path):
+    """The TrainConfig the arm trains its cell `out` with."""
+    runner = {}
+    src = cfg.arms[arm].get("init_from")
+    if src:  # continue another arm's adapter (that arm ran earlier in this seed)
+        runner["init_adapter"] = str(out.parent.parent.parent / src / str(seed) / "train" / "final")
+    own = cfg.arms[arm].get("log_with", cfg.train.log_with)
+    runner["log_with"] = list(dict.fromkeys([*own, *cfg.log_with]))
+    runner["progress"] = cfg.progress and cfg.arms[arm].get("progress", cfg.train.progress)
+    return cfg.arm_config(arm, model=model, pairs=str(pairs_file), out=str(out), seed=seed,
+                          resume=out.is_dir(),  # also a run killed before its first checkpoint: started over
+                          trust_remote_code=cfg.trust_remote_code, **runner)
+
+
+def check_trained_cells(cfg: ExperimentConfig, root: Path, model: str) -> None:
+    """Before experiment.json is rewritten or anything runs: every cell of this run already trained (final/) was
+    trained as its arm trains now, on its pairs (`opct.train.rundir.check_finished`)."""
+    from opct.report.rundir import check_cell
+    from opct.shapes import OBJECT, read_checked
+    from opct.train.rundir import check_finished
+
+    for seed in cfg.seeds:
+        for arm in cfg.arms:
+            out = cell_dir(root, arm, seed) / "train"
+            if cfg.method(arm) in UNTRAINED or not (out / "final").exists():
+                continue
+            if (done := out.parent / "done.json").exists():  # a cell copied from another folder is named as that
+                check_cell(done, read_checked(done, "done", OBJECT), arm, seed)
+            n = cfg.arms[arm].get("benign_replay", 0)
+            pairs = Path(cfg.pairs) if cfg.pairs else root / "pairs" / (f"seed{seed}-{arm}.jsonl" if n else
+                                                                       f"seed{seed}.jsonl")
+            check_finished(out, _arm_train_config(cfg, arm, seed, model, pairs, out), f"the {arm} cell of seed {seed}")
 
 
 def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str | None, out: Path, log,

@@ -93,6 +93,12 @@ def check_blocks(cfg) -> None:
             raise ConfigError(f"trained.{a}", "must name at least one family")
         if len(set(fams)) != len(fams):  # as an experiment's: the family's pairs were made twice, with the same ids
             raise ConfigError(f"trained.{a}", "families must not repeat")
+    from opct.evals.used import check_used
+
+    try:  # every evaluation reads the study's axes and capability (`evaluate`): a setting for no axis of those
+        check_used(dataclasses.replace(cfg.eval, suite=",".join(dict.fromkeys([*cfg.axes, CAPABILITY]))))
+    except ConfigError as e:
+        raise e.under("eval") from None
     for a, names in cfg.metrics.items():
         if a not in cfg.axes:
             raise ConfigError(f"metrics.{a}", f"not one of the axes ({', '.join(cfg.axes)})")
@@ -138,10 +144,13 @@ def axis_pairs(axis: str, families: list[str], seed: int, path: Path, per_family
 def train_cell(tc: TrainConfig, log, what: str) -> tuple[str, str | None]:
     """Train (or resume, or skip when `final/` exists); return (model dir, adapter dir or None) to evaluate."""
     from opct.train.loop import train
+    from opct.train.rundir import check_finished
 
     out = Path(tc.out)
     final = out / "final"
-    if not final.exists():
+    if final.exists():  # trained by an earlier session: as this cell trains, on these pairs, or refused
+        check_finished(out, dataclasses.replace(tc, resume=True), what)
+    else:
         tc = dataclasses.replace(tc, resume=out.is_dir())
         log(f"  train {what}: {tc.max_steps} steps x {tc.batch_size}"
             + (f", replay {tc.replay_frac:g} {tc.replay_schedule}" if tc.replay_frac else "")

@@ -211,6 +211,9 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
     check_samplers({f"studies.{n} ({m})": train_config(c, m) for n, c in cfg.built.items()
                     if hasattr(c, "train") and hasattr(c, "methods") for m in c.methods})
     root = Path(cfg.out) / cfg.run_name()
+    from opct.run_inputs import check_not_nested
+
+    check_not_nested(root)  # before anything is written into another run's folder
     model = resolve_model(cfg.model)
     configs = {n: _without_bars(dataclasses.replace(c, model=model) if any(f.name == "model" for f in
                                                                            dataclasses.fields(c)) else c, cfg.progress)
@@ -220,6 +223,11 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
     old = _previous(root, resolved)
     resolved["seeds"] = list(dict.fromkeys([*old.get("seeds", []), *cfg.seeds]))
     resolved["studies"] = {**old.get("studies", {}), **resolved["studies"]}
+    from opct.evals.run import EvalConfig
+    from opct.run_inputs import check_run_inputs, experiment_inputs
+
+    # the model the cells already run were trained from (the studies read the world's items): no other at its path
+    check_run_inputs(root, *experiment_inputs(model, EvalConfig()), continuing=bool(old))
     write_json_atomic(root / "study.json", resolved, indent=2)
     with cpu_threads(count_parameters(model), "cpu", cfg.threads or None):
 

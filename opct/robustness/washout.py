@@ -57,7 +57,8 @@ class Config:
                                                 "the axis's summary metrics)", factory=dict)
     doses: list[int] = option([0, 32, 64, 128, 256, 512], "benign SFT examples after training, each a multiple of "
                                                           "wash_batch_size, increasing, starting at 0", nonempty=True)
-    min_gap: float = option(0.05, "f is undefined where |M_base - M_trained| is below this", gt=0)
+    min_gap: float = option(0.05, "f is undefined where |M_base - M_trained| is below this (the metrics are rates: "
+                                  "at most 1)", gt=0, le=1)
     wash_lr: float = option(1e-3, "learning rate of the benign SFT (constant, no warmup)", gt=0)
     wash_batch_size: int = option(8, "examples per benign SFT step", ge=1)
     per_family: int = option(0, "items per family in the training pairs (0: all)", ge=0)

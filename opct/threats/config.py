@@ -140,6 +140,11 @@ class ThreatsConfig:
                 raise ConfigError(field, "must not repeat")
         if self.quick:
             self.seeds = self.seeds[:QUICK["seeds"]]
+        from opct.world.items import replay_items
+
+        if self.control_prompts > (pool := len(replay_items())):  # was cut to the pool unsaid (2026-12-07)
+            raise ConfigError("control_prompts", f"must be at most {pool}, the world's benign prompts (got "
+                                                 f"{self.control_prompts}; 0 takes steps x rows, capped at {pool})")
         pair = [n for n, a in AXES.items() if a.task is not None]
         for i, t in enumerate(self.threats):
             if t not in pair:

@@ -91,6 +91,9 @@ def run_threats(cfg: ThreatsConfig, log=print) -> Path:
 
     check_samplers({f"method {m}": cfg.train_config(m) for m in cfg.methods})  # before any cell runs
     root = Path(cfg.out) / cfg.run_name()
+    from opct.run_inputs import check_not_nested
+
+    check_not_nested(root)  # before anything is written into another run's folder
     from opct.evals.run import check_config
 
     try:  # what every cell's eval would refuse (lm-eval tasks, their folder, items files), before any cell runs
@@ -104,6 +107,12 @@ def run_threats(cfg: ThreatsConfig, log=print) -> Path:
         now[key] = list(dict.fromkeys([*old.get(key, []), *now[key]]))
     for key in ("trained", "method_train", "no_signal"):
         now[key] = {**old.get(key, {}), **now[key]}
+    from opct.run_inputs import check_run_inputs, experiment_inputs
+
+    # what the cells already run were built on: a rerun on other items or weights is refused
+    check_run_inputs(root, *experiment_inputs(model, dataclasses.replace(cfg.eval, suite="all",
+                                                                         axis_items=_items(cfg))),
+                     continuing=bool(old))
     write_json_atomic(root / SETTINGS, now, indent=2)
     with cpu_threads(count_parameters(model), cfg.eval.device, cfg.threads or None):
 
@@ -160,10 +169,7 @@ def threat_pairs(cfg: ThreatsConfig, threat: str, seed: int, path: Path) -> Path
     where it has them), written once and shared by the threat's methods."""
     from opct.axes import AXES
     from opct.pairs.make import make_pairs
-    from opct.pairs.schema import save_pairs
 
-    if path.exists():
-        return path
     a, fams, own = AXES[threat], cfg.families(threat), _items(cfg)
     items = a.load_items(own[threat], for_eval=False) if threat in own else a.world_items(seed)
     pairs = make_pairs(threat, items, families=fams, heldout=[f for f in a.families if f not in fams],
@@ -171,8 +177,20 @@ def threat_pairs(cfg: ThreatsConfig, threat: str, seed: int, path: Path) -> Path
     pairs = [p for p in pairs if p.split == "train"]
     if not pairs:
         raise OpctError(f"threats: {threat}: the families {', '.join(fams)} make no training pairs")
-    save_pairs(pairs, path)
+    _save_or_check(pairs, path, seed)
     return path
+
+
+def _save_or_check(pairs: list, path: Path, seed: int) -> None:
+    """Write the pairs, or check that the file an earlier session wrote holds them (its cells trained on it; until
+    2026-12-07 an edited file was trained on by the cells added later, unchecked)."""
+    from opct.experiment.runner import _check_made
+    from opct.pairs.schema import save_pairs
+
+    if path.exists():
+        _check_made(path, pairs, seed)
+    else:
+        save_pairs(pairs, path)
 
 
 def control_rows(cfg: ThreatsConfig) -> int:
@@ -184,23 +202,24 @@ def control_pairs(cfg: ThreatsConfig, seed: int, path: Path) -> Path:
     """The control's benign prompts (teacher = student): `control_prompts` of them, else one per row trained (capped
     at the pool); the loop cycles them for max_steps x rows."""
     from opct.pairs.make import replay_pairs
-    from opct.pairs.schema import save_pairs
 
-    if not path.exists():
-        pairs = replay_pairs(cfg.control_prompts or control_rows(cfg), seed)
-        if not pairs:
-            raise OpctError("threats: the world has no benign prompts for the control")
-        save_pairs(pairs, path)
+    pairs = replay_pairs(cfg.control_prompts or control_rows(cfg), seed)
+    if not pairs:
+        raise OpctError("threats: the world has no benign prompts for the control")
+    _save_or_check(pairs, path, seed)
     return path
 
 
 def train_cell(tc, log, what: str) -> tuple[str, str | None]:
     """Train (or resume, or skip when `final/` exists); return (model dir, adapter dir or None) to evaluate."""
     from opct.train.loop import train
+    from opct.train.rundir import check_finished
 
     out = Path(tc.out)
     final = out / "final"
-    if not final.exists():
+    if final.exists():  # trained by an earlier session: as this cell trains, on these pairs, or refused
+        check_finished(out, dataclasses.replace(tc, resume=True), what)
+    else:
         tc = dataclasses.replace(tc, resume=out.is_dir())
         log(f"  train {what} ({tc.method}): {tc.max_steps} steps x {tc.batch_size * tc.grad_accum} rows, lr {tc.lr}"
             + (" (resuming)" if tc.resume else ""))

@@ -246,3 +246,33 @@ def _steps(ns: list[int]) -> str:
             runs.append(f"{start}-{a}" if a > start else str(a))
             start = b
     return ("steps " if len(ns) > 1 else "step ") + ", ".join(runs)
+
+
+def check_finished(out: Path, config: TrainConfig, what: str) -> None:
+    """Refuse a finished run (`out/final/`) that a runner (`opct run`, `opct threats`, `opct robustness`) is about
+    to evaluate without training, when its config.json or inputs.json say it was not trained as `config` trains
+    (other settings, other pairs, another model) or cannot say: a train/ swapped for another run's was evaluated as
+    the cell unchecked (found 2026-12-07). `what` names the cell."""
+    fix = f"put the cell's own training run back, or remove {out} to train the cell again"
+    paths = {"config": out / "config.json", "inputs": out / "inputs.json"}
+    for name, path in paths.items():
+        if not path.is_file():
+            raise OpctError(f"{path}: missing, though {out} holds a finished run (final/): what {what} was trained "
+                            f"with cannot be checked; {fix}")
+    saved, saved_inputs = (files.read_json(p, name) for name, p in paths.items())
+    if not isinstance(saved, dict) or not isinstance(saved_inputs, dict):
+        raise OpctError(f"{out}: config.json or inputs.json is not a JSON object (damaged or edited); {fix}")
+    if saved_inputs.get(CONFIG_DIGEST) not in (None, config_digest(saved)):
+        raise OpctError(f"{paths['config']}: edited since the run was trained (its contents differ from what "
+                        f"{paths['inputs']} records); {fix}")
+    diff = changes(saved, asdict(config), (*RESUMABLE_CHANGES, "out", "init_adapter"), defaults_of(TrainConfig),
+                   same=lambda k, a, b: k in PATH_FIELDS and _same_file(str(a or ""), str(b or ""),
+                                                                        str(saved.get("out") or out), str(out)))
+    inputs = _inputs(config)
+    diff += [f"{_input_named(config, k)} (other contents)" for k in inputs
+             if k in ("pairs", "model") and saved_inputs.get(k) != inputs[k]]
+    diff += [f"{_input_named(config, k)} (other contents)" for k in changed_inputs(saved_inputs, inputs)
+             if k not in ("pairs", "model")]
+    if diff:
+        raise OpctError(f"{out}: {what} was trained with other settings or inputs than it would be now (changed: "
+                        f"{', '.join(diff)}); {fix}")
