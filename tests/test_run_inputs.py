@@ -27,7 +27,6 @@ SMALL = dict(model="test", per_family=2, trained={"sycophancy": ["suggested_answ
     ("eval: {suite: sycophancy, axis_n: {jailbreak: 5}}\n", "eval.axis_n.jailbreak: does nothing"),
     ("eval: {suite: sycophancy}\ntrained: {sycophancy: [suggested_answer]}\npair_options: {awareness: {teacher: "
      "guideline}}\n", "pair_options.awareness: does nothing"),
-    ("arms: [base]\npairs: /nonexistent.jsonl\n", "pairs: does nothing in this run (arms base)"),
     # evaluated the base cell, then failed naming no file
     ("arms: [base, bct]\ntrained: {sycophancy: []}\n", "trained: trains on nothing"),
     # capped to the pool (2067 pairs) while experiment.json recorded 10^11
@@ -165,3 +164,15 @@ def test_the_run_records_its_inputs_and_refuses_other_model_weights(tmp_path):
                                                                             suite="sycophancy")), continuing=True)
     check_run_inputs(tmp_path, *experiment_inputs(str(model), EvalConfig()), continuing=False)  # a restart records
     assert yaml.safe_load((tmp_path / "run_inputs.json").read_text())["model"] != now[0]["model"]
+
+
+def test_base_picked_from_a_file_whose_other_arms_train_is_not_refused(tmp_path):
+    """`opct run FILE --arms base` picks the base arm of a file whose trained arms read `pairs` and a trained axis's
+    pair_options: those settings are not 'unread' there (a rule refusing pairs with no trained arm would refuse it)."""
+    from opct.cli import build_parser
+
+    path = tmp_path / "exp.yaml"
+    path.write_text("arms: [base, bct]\npairs: /nonexistent.jsonl\neval: {suite: sycophancy}\n"
+                    "trained: {awareness: [guideline]}\npair_options: {awareness: {teacher: guideline}}\n")
+    cfg = load_experiment(path, build_parser().parse_args(["run", str(path), "--arms", "base"]))
+    assert list(cfg.arms) == ["base"] and cfg.pairs == "/nonexistent.jsonl"

@@ -230,8 +230,8 @@ def _check_arm(arm: str, spec: dict, train: TrainConfig, earlier: list[str], arm
 def _check_read(cfg: ExperimentConfig) -> None:
     """A ConfigError for a setting no cell reads, as `opct eval` refuses its flags (`opct.evals.used`): every cell
     evaluates `eval.suite` (the teacher arm without the attacker), so the shared eval and attack blocks are checked
-    against it; `pairs` is read only by a trained arm, and `pair_options.AXIS` only where AXIS is trained on or
-    evaluated (accepted and ignored until 2026-12-07). `trained` must give training something when an arm trains."""
+    against it; `pair_options.AXIS` is read only where AXIS is trained on or evaluated (accepted and ignored until
+    2026-12-07). `trained` must give training something when an arm trains."""
     from opct.config import unread
     from opct.evals.run import suite_names
     from opct.evals.used import check_attack_used, check_used
@@ -242,13 +242,13 @@ def _check_read(cfg: ExperimentConfig) -> None:
             check()
         except ConfigError as e:
             raise e.under(block) from None
+    # `pairs` and a trained axis's pair_options are not refused where no arm trains: `opct run FILE --arms base`
+    # picks the base arm of a file whose other arms read them
     trains = [a for a in cfg.arms if cfg.method(a) not in UNTRAINED]
-    if cfg.pairs and not trains:
-        raise unread("pairs", f"arms {', '.join(cfg.arms)}", "a trained arm", "remove it, or add a trained arm")
     if trains and not cfg.pairs and not any(cfg.trained.values()):
         raise ConfigError("trained", f"trains on nothing (every list is empty), but arm {trains[0]} trains: name the "
                                      f"families to train on, e.g. {{sycophancy: [suggested_answer]}}, or give pairs")
-    read = set(suite_names(cfg.eval.suite)) | ({a for a, f in cfg.trained.items() if f} if trains else set())
+    read = set(suite_names(cfg.eval.suite)) | {a for a, f in cfg.trained.items() if f}
     for axis in cfg.pair_options:
         if axis not in read:
             raise unread(f"pair_options.{axis}", f"eval.suite {cfg.eval.suite}, no arm training on {axis}",
