@@ -21,8 +21,9 @@ RESUMABLE_CHANGES = ("resume", "max_steps", "save_every", "keep_checkpoints", "t
 @dataclass
 class TrainConfig:
     # what to train, on what, where
-    method: str = option("opct", "training method, a key of opct.methods.METHODS: opct, or the baselines sft, bct, "
-                                 "act, mlpct, attct")
+    method: str = option("opct", "training method, a key of opct.methods.METHODS: opct; the baselines sft, bct, "
+                                 "act, mlpct, attct; the ablations offpolicy, bct_soft, act_fixed, bct_soft_live, "
+                                 "act_fixed_live")
     model: str = option("", "model directory written by save_pretrained (required)", required=True)
     pairs: str = option("", "contrastive pairs JSONL file (required)", required=True)
     out: str = option("", "run directory: config.json, metrics.jsonl, checkpoints/, final/ (required)", required=True)
