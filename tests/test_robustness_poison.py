@@ -492,3 +492,19 @@ def test_a_study_alone_refuses_bad_input_in_one_line(tmp_path, capsys, text, arg
     assert err.startswith("opct: error: " + needle.replace("CFG", str(cfg)).replace("FILE", str(file))), err
     assert err.count("\n") == 1 and "<file>" not in err, err
 
+
+
+def test_a_study_alone_interrupted_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in `python -m opct.robustness.backdoor CFG` printed a KeyboardInterrupt traceback (found 2026-12-07);
+    `opct run` printed `opct: interrupted`: now both, with exit status 130."""
+    from opct.robustness import reasons
+    from opct.robustness.standalone import main
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(reasons, "run", interrupted)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("reasons: {max_steps: 1}\n")
+    assert main(reasons, [str(cfg), "--out", str(tmp_path / "o")]) == 130
+    assert capsys.readouterr().err == "opct: interrupted\n"

@@ -119,6 +119,9 @@ def main(study_module, argv=None) -> int:
 
         write_atomic(out / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
         print("\n".join(summarize(rows)))
+    except KeyboardInterrupt:  # as `opct`: one line, exit status 130 (it was a traceback until 2026-12-07)
+        print("opct: interrupted", file=sys.stderr)
+        return 130
     except Exception as e:  # noqa: BLE001 - sorted by user_message: the user's problem (one line), or a bug
         message = user_message(e)
         if message is None:
