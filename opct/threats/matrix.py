@@ -22,8 +22,11 @@ from opct.shapes import INT, NAME, NUM, OBJECT, STR, read_checked
 MATRIX = "cross_threat.json"
 # What the matrix and its report read of threats.json and of a cell's done.json (opct/shapes.py); a threat or method
 # names a folder of the run
-SETTINGS_SHAPE = {"seeds?": [INT], "threats?": [NAME], "methods?": [NAME], "no_signal?": {"*": [STR]},
-                  "train?": (None, OBJECT), "eval?": (None, OBJECT)}
+# (`opct run` writes every one of them; a report of `{}` read "model: None (None)", "None steps x None rows", rc 0)
+SETTINGS_SHAPE = {"seeds": [INT], "threats": [NAME], "methods": [NAME], "name?": STR, "model?": (None, STR),
+                  "model_dir?": (None, STR), "no_signal?": {"*": [STR]}, "note?": (None, STR),
+                  "train?": (None, {"max_steps?": (None, INT), "batch_size?": (None, INT), "lr?": (None, NUM)}),
+                  "eval?": (None, OBJECT)}
 DONE_SHAPE = {"metrics?": (None, {"*": {"value?": (None, NUM)}}), "seconds?": (None, {"*": NUM})}
 
 

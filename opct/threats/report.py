@@ -130,10 +130,11 @@ def build(root) -> tuple[Path, Path]:
     name = str(s.get("name", root.name))
     seeds = ", ".join(map(str, s.get("seeds", [])))
     train = s.get("train") or {}
-    facts = [("run", str(root)), ("model", f"{s.get('model')} ({s.get('model_dir')})"), ("seeds", seeds),
-             ("trained threats", ", ".join(s.get("threats", []))), ("methods", ", ".join(s.get("methods", []))),
-             ("training", f"{train.get('max_steps')} steps x {train.get('batch_size')} rows, lr {train.get('lr')}"
-                          + (" (quick sizes)" if s.get("quick") else ""))]
+    facts = [("run", str(root)), ("model", page.model_text(s)), ("seeds", seeds),
+             ("trained threats", ", ".join(s.get("threats", []))), ("methods", ", ".join(s.get("methods", [])))]
+    if any(train.get(k) is not None for k in ("max_steps", "batch_size", "lr")):  # "None steps x None rows" was shown
+        facts.append(("training", f"{train.get('max_steps', '?')} steps x {train.get('batch_size', '?')} rows, lr "
+                                  f"{train.get('lr', '?')}" + (" (quick sizes)" if s.get("quick") else "")))
     md = [f"# Cross-threat matrix: {markdown.text(name)}", "", *markdown.facts(facts), ""]
     if s.get("note"):
         md += [*markdown.quote(s["note"]), ""]
