@@ -626,3 +626,18 @@ def test_every_report_writer_formats_huge_and_infinite_numbers():
     assert _iv(m, signed=True) == "+1e+308 [-inf, +inf]"
     assert _cell({"mean": float("inf"), "ci_low": None, "ci_high": None, "n": 2, "n_undefined": 0}, 2) == "inf"
     assert cell_text({"value": 1e308, "lo": None, "hi": None, "n": 1}).startswith("+1e+308")
+
+
+def test_the_default_note_says_nothing_untrue_of_the_run(tmp_path):
+    """Found 2026-12-08: a config without `note:` got the demo's text "one seed, so the intervals are bootstrap
+    intervals over items", even in a 2-seed report of t-intervals over seeds. The default is no note; the report's
+    own interval note says how the intervals of the seeds that finished are made."""
+    from opct.experiment.config import ExperimentConfig
+
+    assert ExperimentConfig().note == ""
+    m = json.loads(json.dumps(BASE_METRICS))
+    run = make_run(tmp_path, {**EXPERIMENT, "seeds": [0, 1], "note": ExperimentConfig(seeds=[0, 1]).note},
+                   {(a, s): m for a in ("base", "opct", "bct") for s in (0, 1)})
+    md = results(run)
+    assert "**Note:**" not in md and "bootstrap intervals over items" not in md
+    assert "Student-t interval over seeds" in md
