@@ -641,3 +641,27 @@ def test_the_default_note_says_nothing_untrue_of_the_run(tmp_path):
     md = results(run)
     assert "**Note:**" not in md and "bootstrap intervals over items" not in md
     assert "Student-t interval over seeds" in md
+
+
+def test_the_mechanism_section_says_what_it_covers_and_when_it_is_out_of_date(tmp_path):
+    """Found 2026-12-08: after `opct mechanism RUN` and a rerun with another seed, the header said seeds 0, 1 and the
+    Mechanism section, from mechanism.json of seed 0, said nothing of which seeds it covered or that it was stale."""
+    from opct.report import mechanism as M
+
+    probe = {"arms": ["opct"], "seeds": [0], "methods": {"opct": "opct"}, "skipped": [],
+             "per_seed": {"0": {"change": {"opct": [0.1, 0.2]}, "similarity": {}, "layers": 2}}}
+    probe["summary"] = M.summarise(probe)
+    m = json.loads(json.dumps(BASE_METRICS))
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base", "opct"], seeds=[0]), {("base", 0): m, ("opct", 0): m})
+    (run / "mechanism.json").write_text(json.dumps(probe))
+    md = results(run)
+    assert "This probe covers seed 0 of arm opct." in md and "Out of date" not in md
+    exp = json.loads((run / "experiment.json").read_text())
+    (run / "experiment.json").write_text(json.dumps(dict(exp, seeds=[0, 1])))
+    write_cell(run, "base", 1, m)
+    write_cell(run, "opct", 1, m)
+    md = results(run)
+    assert (f"**Out of date: the run now has finished cells it does not cover (opct seed 1); run `opct mechanism "
+            f"{run}` to refresh it.**") in md
+    html = build_report(run)[0].read_text()
+    assert "Out of date: the run now has finished cells it does not cover (opct seed 1)" in html
