@@ -66,8 +66,8 @@ def table(m: dict, marker: str = " ◆") -> tuple[list[str], list[list[str]]]:
     body = []
     for r in m["rows"]:
         body.append([r["threat"], r["method"]] + [
-            cell_text(idx.get((r["threat"], r["method"], c["metric"])), _seeds(m)) + (marker if c["axis"] == r["threat"] and
-                                                                             not r["skipped"] else "")
+            cell_text(idx.get((r["threat"], r["method"], c["metric"])), _seeds(m))
+            + (marker if c["axis"] == r["threat"] and not r["skipped"] else "")
             for c in m["columns"]])
     return _header(m["columns"]), body
 
