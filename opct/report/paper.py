@@ -166,7 +166,8 @@ def claims_table(run) -> tuple[list[str], list[list[str]]]:
 
 def _unparsed_cell(run, metric: str, arms) -> str:
     """'32/32; 4/32': each arm's unparsed answers of all it gave on `metric`, summed over seeds."""
-    return "; ".join("{}/{}".format(*unparsed.counts(run.seed_runs(a), metric)) for a in arms)
+    got = [unparsed.counts(run.seed_runs(a), metric) for a in arms]
+    return "; ".join(f"{u}/{t}" for u, t in got) if any(t for _, t in got) else "–"  # "–": no answers to count
 
 
 def _doubted(reading: str, run, metric: str, arms) -> str:
