@@ -71,6 +71,11 @@ def md_table(md, title):
     return {r[0]: dict(zip(rows[0], r)) for r in rows[2:]}
 
 
+def bare(cell: str) -> str:
+    """A table cell without its count of unparsed answers."""
+    return re.sub(r" \(\d+/\d+ unparsed\)$", "", cell)
+
+
 def single_seed_run(tmp_path):
     base = json.loads(json.dumps(BASE_METRICS))
     set_metric(base, "capability.accuracy[skill=facts]", 0.990, 0.97, 1.0)
@@ -91,13 +96,13 @@ def test_single_seed_cells_are_the_eval_values_and_bootstrap_intervals(tmp_path)
     assert (html, md) == (run / "report.html", run / "results.md")
     text = md.read_text()
     syc = md_table(text, "Sycophancy (wrong suggestions)")
-    assert syc["base"]["sycophancy rate ↓"] == "0.525 [0.488, 0.559]"
-    assert syc["opct"]["sycophancy rate ↓"] == "0.081 [0.060, 0.100]"
+    assert syc["base"]["sycophancy rate ↓"] == "0.525 [0.488, 0.559] (2/798 unparsed)"  # the eval's parse_fail
+    assert syc["opct"]["sycophancy rate ↓"] == "0.081 [0.060, 0.100] (2/798 unparsed)"
     assert syc["base"]["accuracy clean ↑"] == "0.990 [0.970, 1.000]"
     assert syc["base"]["seeds"] == "1/1"
     split = md_table(text, "training vs held-out families")
-    assert split["base"]["sycophancy rate (held-out) ↓"] == "0.541 [0.492, 0.593]"
-    assert split["base"]["sycophancy rate (train) ↓"] == "0.509 [0.464, 0.552]"
+    assert bare(split["base"]["sycophancy rate (held-out) ↓"]) == "0.541 [0.492, 0.593]"
+    assert bare(split["base"]["sycophancy rate (train) ↓"]) == "0.509 [0.464, 0.552]"
     jb = md_table(text, "Jailbreaks")
     assert jb["base"]["held-out wrappers ↑"] == "0.188 [0.141, 0.240]"
     assert jb["base"]["adaptive attacker ↑"] == "0.000 [0.000, 0.000]"
@@ -114,10 +119,10 @@ def test_single_seed_cells_are_the_eval_values_and_bootstrap_intervals(tmp_path)
 def test_capability_shows_change_from_base(tmp_path):
     text = results(single_seed_run(tmp_path))
     cap = md_table(text, "Capability")
-    assert cap["opct"]["facts ↑"] == "0.985 [0.950, 1.000] (−0.005)"
-    assert cap["bct"]["facts ↑"] == "0.998 [0.990, 1.000] (+0.008)"
-    assert cap["opct"]["arithmetic ↑"].endswith("(±0.000)")
-    assert "(" not in cap["base"]["facts ↑"]  # no change from itself
+    assert cap["opct"]["facts ↑"] == "0.985 [0.950, 1.000] (−0.005) (1/80 unparsed)"
+    assert cap["bct"]["facts ↑"] == "0.998 [0.990, 1.000] (+0.008) (1/80 unparsed)"
+    assert "(±0.000)" in cap["opct"]["arithmetic ↑"]
+    assert "(" not in bare(cap["base"]["facts ↑"])  # no change from itself
     assert set(cap["base"]) >= {"all ↑", "arithmetic ↑", "arithmetic multistep ↑", "facts ↑", "instructions ↑"}
 
 
@@ -147,14 +152,15 @@ def test_mean_and_t_interval_over_seeds(tmp_path):
     syc = md_table(text, "Sycophancy (wrong suggestions)")
     # sycophancy rate: mean 0.3, s = 0.1, half-width t(0.975, 2) * 0.1 / sqrt(3) = 4.303 * 0.0577 = 0.2484
     half = 4.303 * 0.1 / math.sqrt(3)
-    assert syc["opct"]["sycophancy rate ↓"] == f"0.300 [{0.3 - half:.3f}, {0.3 + half:.3f}]"
+    assert syc["opct"]["sycophancy rate ↓"] == f"0.300 [{0.3 - half:.3f}, {0.3 + half:.3f}] (6/2394 unparsed)"
     assert syc["opct"]["seeds"] == "3/3"
     # BRR: mean 0.3, s = sqrt(((−.2)^2 + (−.1)^2 + .3^2) / 2) = sqrt(0.07); lower end −0.357 is inside [-1, 1]
     s = math.sqrt(0.07)
-    assert syc["opct"]["BRR ↓"] == f"0.300 [{0.3 - 4.303 * s / math.sqrt(3):.3f}, {0.3 + 4.303 * s / math.sqrt(3):.3f}]"
+    half = 4.303 * s / math.sqrt(3)
+    assert bare(syc["opct"]["BRR ↓"]) == f"0.300 [{0.3 - half:.3f}, {0.3 + half:.3f}]"
     # invariance: the same value in the two seeds that have it -> zero-width interval, marked n=2
     inv = BASE_METRICS["sycophancy.invariance"]["value"]
-    assert syc["opct"]["invariance ↑"] == f"{inv:.3f} [{inv:.3f}, {inv:.3f}] (n=2)"
+    assert bare(syc["opct"]["invariance ↑"]) == f"{inv:.3f} [{inv:.3f}, {inv:.3f}] (n=2)"
     assert "mean over seeds" in text and "Student-t" in text
 
 
@@ -166,7 +172,7 @@ def test_t_interval_of_a_rate_is_clipped_to_0_1(tmp_path):
         set_metric(m, "jailbreak.dsr_adaptive", v, v, v)
         cells[("opct", seed)] = m
     text = results(make_run(tmp_path, exp, cells))
-    assert md_table(text, "Jailbreaks")["opct"]["adaptive attacker ↑"] == "0.500 [0.000, 1.000]"
+    assert bare(md_table(text, "Jailbreaks")["opct"]["adaptive attacker ↑"]) == "0.500 [0.000, 1.000]"
 
 
 @pytest.mark.parametrize("metric", ["sycophancy.brr_all", "prefill.par[on=heldout_prefills]"])
@@ -191,7 +197,7 @@ def test_t_interval_of_a_difference_of_rates_is_not_clipped_at_0(tmp_path, metri
     assert (rate.ci_low, rate.ci_high) == (0.0, 1.0)  # a rate: clipped to [0, 1]
     if metric == "sycophancy.brr_all":
         row = md_table(results_markdown(run), "paper's denominators (every row)")["opct"]
-        assert row["BRR (all rows) ↓"] == f"0.521 [{0.521 - half:.3f}, 1.000]"
+        assert bare(row["BRR (all rows) ↓"]) == f"0.521 [{0.521 - half:.3f}, 1.000]"
 
 
 def test_missing_metrics_are_dashes(tmp_path):
@@ -263,7 +269,7 @@ def test_incomplete_cells_are_listed_and_left_out(tmp_path):
     assert "Missing (3 cells" in text
     syc = md_table(text, "Sycophancy (wrong suggestions)")
     assert syc["bct"]["sycophancy rate ↓"] == "–" and syc["bct"]["seeds"] == "0/2"
-    assert syc["base"]["seeds"] == "1/2" and syc["base"]["sycophancy rate ↓"] == "0.525 [0.488, 0.559]"
+    assert syc["base"]["seeds"] == "1/2" and syc["base"]["sycophancy rate ↓"].startswith("0.525 [0.488, 0.559]")
     assert "0.999" not in text.split("## Paper vs opct")[0]  # (the paper's published numbers follow it)
     out = summary_text(run)
     assert "missing (3)" in out and "bct seed 0" in out
@@ -626,3 +632,92 @@ def test_every_report_writer_formats_huge_and_infinite_numbers():
     assert _iv(m, signed=True) == "+1e+308 [-inf, +inf]"
     assert _cell({"mean": float("inf"), "ci_low": None, "ci_high": None, "n": 2, "n_undefined": 0}, 2) == "inf"
     assert cell_text({"value": 1e308, "lo": None, "hi": None, "n": 1}).startswith("+1e+308")
+
+
+def test_the_default_note_says_nothing_untrue_of_the_run(tmp_path):
+    """Found 2026-12-08: a config without `note:` got the demo's text "one seed, so the intervals are bootstrap
+    intervals over items", even in a 2-seed report of t-intervals over seeds. The default is no note; the report's
+    own interval note says how the intervals of the seeds that finished are made."""
+    from opct.experiment.config import ExperimentConfig
+
+    assert ExperimentConfig().note == ""
+    m = json.loads(json.dumps(BASE_METRICS))
+    run = make_run(tmp_path, {**EXPERIMENT, "seeds": [0, 1], "note": ExperimentConfig(seeds=[0, 1]).note},
+                   {(a, s): m for a in ("base", "opct", "bct") for s in (0, 1)})
+    md = results(run)
+    assert "**Note:**" not in md and "bootstrap intervals over items" not in md
+    assert "Student-t interval over seeds" in md
+
+
+def test_the_mechanism_section_says_what_it_covers_and_when_it_is_out_of_date(tmp_path):
+    """Found 2026-12-08: after `opct mechanism RUN` and a rerun with another seed, the header said seeds 0, 1 and the
+    Mechanism section, from mechanism.json of seed 0, said nothing of which seeds it covered or that it was stale."""
+    from opct.report import mechanism as M
+
+    probe = {"arms": ["opct"], "seeds": [0], "methods": {"opct": "opct"}, "skipped": [],
+             "per_seed": {"0": {"change": {"opct": [0.1, 0.2]}, "similarity": {}, "layers": 2}}}
+    probe["summary"] = M.summarise(probe)
+    m = json.loads(json.dumps(BASE_METRICS))
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base", "opct"], seeds=[0]), {("base", 0): m, ("opct", 0): m})
+    (run / "mechanism.json").write_text(json.dumps(probe))
+    md = results(run)
+    assert "This probe covers seed 0 of arm opct." in md and "Out of date" not in md
+    exp = json.loads((run / "experiment.json").read_text())
+    (run / "experiment.json").write_text(json.dumps(dict(exp, seeds=[0, 1])))
+    write_cell(run, "base", 1, m)
+    write_cell(run, "opct", 1, m)
+    md = results(run)
+    assert (f"**Out of date: the run now has finished cells it does not cover (opct seed 1); run `opct mechanism "
+            f"{run}` to refresh it.**") in md
+    html = build_report(run)[0].read_text()
+    assert "Out of date: the run now has finished cells it does not cover (opct seed 1)" in html
+
+
+def _unparsed_run(tmp_path):
+    """The probe's run of 2026-12-08: seeds 0-2, an opct arm whose 32 biased answers are all unparsed (so its rate
+    over all rows is 0.000), bct with 4 of 32 unparsed."""
+    cells = {}
+    for seed in (0, 1, 2):
+        for arm, value, fails in (("base", 0.4375, 4), ("opct", 0.0, 32), ("bct", 0.4375 + 0.01 * seed, 4)):
+            m = json.loads(json.dumps(BASE_METRICS))
+            for name in ("sycophancy.sycophancy_rate_all", "sycophancy.sycophancy_rate_all[split=heldout]"):
+                set_metric(m, name, value)
+                m[name].update(n=32, parse_fail=fails, higher_is_better=False)
+            set_metric(m, "sycophancy.sycophancy_rate", None if arm == "opct" else 0.5)
+            m["sycophancy.sycophancy_rate"].update(n=0 if arm == "opct" else 28, parse_fail=fails)
+            cells[(arm, seed)] = m
+    spec = {"base": {"method": "base"}, "opct": {"method": "opct", "lr": 0.5}, "bct": {"method": "bct"}}
+    exp = dict(EXPERIMENT, seeds=[0, 1, 2], arm_specs=spec)
+    return make_run(tmp_path, exp, cells)
+
+
+def test_unparsed_answers_are_shown_and_make_a_verdict_inconclusive(tmp_path):
+    """Found 2026-12-08: an OPCT arm whose answers were 32/32 unparsed in every seed "reproduced" the paper's claim
+    "OPCT leaves less sycophancy than SFT" (−0.375 [-0.580, -0.170], 3 seeds), section 3 showed opct at 0.000, and
+    nothing in the report read `parse_fail`: the count now stands beside every number that has one, and a verdict
+    off a metric with more than 20% of an arm's answers unparsed is inconclusive."""
+    run = _unparsed_run(tmp_path)
+    md = results(run)
+    claims = md_table(md, "### The OPCT paper's headline claims")
+    row = claims["OPCT leaves less sycophancy than SFT"]
+    assert row["verdict"] == "inconclusive (100% unparsed in opct)"
+    assert row["unparsed (opct; sft)"] == "96/96; 12/96"
+    assert "reproduces" not in md.split("### The OPCT paper's headline claims", 1)[1].split("###", 1)[0]
+    cell = [ln for ln in md.splitlines() if ln.startswith("| opct |") and "96/96 unparsed" in ln]
+    assert cell, "the per-arm tables show opct's unparsed count"
+    assert "– (96/96 unparsed)" in md  # a rate given an answer with no answer parsed: not measured, and why
+    assert "more than 20% of an arm's answers unparsed is 'inconclusive'" in md
+    html = build_report(run)[0].read_text()
+    assert "inconclusive (100% unparsed in opct)" in html and "96/96 unparsed" in html
+
+
+def test_a_few_unparsed_answers_are_counted_but_leave_the_verdict(tmp_path):
+    """At or under the threshold the count is shown and the verdict stands (bct's 4 of 32 = 12.5%)."""
+    from opct.report import unparsed
+    from opct.report.paper import _doubted
+
+    run = load_run(_unparsed_run(tmp_path))
+    assert unparsed.counts(run.seed_runs("bct"), "sycophancy.sycophancy_rate_all") == (12, 96)
+    assert unparsed.counts(run.seed_runs("bct"), "sycophancy.sycophancy_rate") == (12, 84)  # max(n, unparsed)
+    assert _doubted("reproduces", run, "sycophancy.sycophancy_rate_all", ("bct", "base")) == "reproduces"
+    assert _doubted("not measured", run, "sycophancy.sycophancy_rate_all", ("opct", "bct")) == "not measured"

@@ -103,9 +103,17 @@ def _threats(tmp_path, settings=None):
     ("threats.json", [1], "threats.json: must be an object (got [1])"),
     ("threats.json", {"seeds": [0], "threats": ["../x"], "methods": ["bct"]},
      "threats.json: threats[0]: must be a name of one folder (got \"../x\")"),
-    ("threats.json", {"seeds": [0], "threats": [], "no_signal": {"x": "bct"}},
+    ("threats.json", {"seeds": [0], "threats": [], "methods": [], "no_signal": {"x": "bct"}},
      "threats.json: no_signal.x: must be a list (got \"bct\")"),
-    ("threats.json", {"seeds": [0], "train": 3}, "threats.json: train: must be an object or null (got 3)"),
+    ("threats.json", {"seeds": [0], "threats": [], "methods": [], "train": 3},
+     "threats.json: train: must be an object or null (got 3)"),
+    # found 2026-12-08: `{}` or a name of 5 gave a report reading "model: None (None)" and "training: None steps x
+    # None rows", rc 0
+    ("threats.json", {}, "threats.json: seeds: missing"),
+    ("threats.json", {"name": 5, "seeds": [0], "threats": ["sycophancy"], "methods": ["bct"]},
+     "threats.json: name: must be a string (got 5)"),
+    ("threats.json", {"seeds": [0], "threats": [], "methods": [], "train": {"max_steps": "4"}},
+     "threats.json: train.max_steps: must be an integer or null (got \"4\")"),
     ("seed0/base/done.json", [], "seed0/base/done.json: must be an object (got [])"),
     ("seed0/control/done.json", {"metrics": {"m": 0.5}}, "seed0/control/done.json: metrics.m: must be an object"),
     ("seed0/control/done.json", {"seconds": {"eval": None}},
@@ -142,6 +150,9 @@ def _robustness(tmp_path):
     ("study.json", [], "study.json: must be an object (got [])"),
     ("study.json", {"seeds": "0", "studies": {}}, "study.json: seeds: must be a list (got \"0\")"),
     ("study.json", {"seeds": [0], "studies": {"replay": 1}}, "study.json: studies.replay: must be an object (got 1)"),
+    ("study.json", {}, "study.json: seeds: missing"),  # found 2026-12-08: a report of "model: None (None)", rc 0
+    ("study.json", {"seeds": [0]}, "study.json: studies: missing"),
+    ("study.json", {"name": 5, "seeds": [0], "studies": {}}, "study.json: name: must be a string (got 5)"),
     ("study.json", {"seeds": [0], "studies": {"..": {}}}, "study.json: studies: '..' is no study's folder name"),
     ("replay", "x", "replay: is a file, expected a directory"),
     ("replay/seed0", "x", "replay/seed0: is a file, expected a directory"),
@@ -224,3 +235,15 @@ def test_a_file_where_a_directory_belongs_is_named(tmp_path):
     os.mkfifo(tmp_path / "pipe")
     with pytest.raises(OpctError, match=f"^{tmp_path / 'pipe'}: is a special file, expected a directory$"):
         dir_there(tmp_path / "pipe")
+
+
+def test_a_threats_or_robustness_header_never_reads_none(tmp_path):
+    """Found 2026-12-08: a threats.json or study.json without model or train (hand-made, or written before them) gave
+    a report reading "model: None (None)" and "training: None steps x None rows"; what is not recorded is left out,
+    or '?'."""
+    from opct.cli import main
+
+    for root in (_threats(tmp_path), _robustness(tmp_path)):
+        assert main(["report", str(root)]) == 0
+        md = (root / "results.md").read_text()
+        assert "None" not in md and "**model**: ?" in md

@@ -331,3 +331,32 @@ def test_a_damaged_threats_json_is_named_before_a_rerun_extends_it(tmp_path, key
     with pytest.raises(OpctError) as e:
         _previous(tmp_path, {})
     assert str(e.value) == f"{path}: {needle}"
+
+
+def test_every_table_marks_a_cell_over_fewer_seeds_than_the_run(tmp_path):
+    """Found 2026-12-08: with opct finished for seed 0 only and every other cell for seeds 0 and 1, the "Raw means
+    over seeds" row read BRR 0.46 beside 0.04 with no `(n=1)` mark (the delta table had one), and a change over 2 of
+    3 seeds, which has an interval, was not marked at all."""
+    from opct.threats.matrix import write_matrix
+    from opct.threats.report import build, cell_text
+
+    root = tmp_path / "thr"
+    root.mkdir()
+    (root / "threats.json").write_text(json.dumps({"name": "thr", "seeds": [0, 1], "threats": ["sycophancy"],
+                                                   "methods": ["bct", "opct"]}))
+    for seed in (0, 1):
+        for cell, v in (("base", 0.1), ("control", 0.05), ("sycophancy/bct", 0.04), ("sycophancy/opct", 0.46)):
+            if cell == "sycophancy/opct" and seed == 1:
+                continue
+            d = root / f"seed{seed}" / cell
+            d.mkdir(parents=True)
+            (d / "done.json").write_text(json.dumps({"seconds": {"eval": 1.0}, "metrics": {
+                "sycophancy.brr": {"value": v + 0.01 * seed, "higher_is_better": False}}}))
+    write_matrix(root)
+    _, md_path = build(root)
+    md = md_path.read_text()
+    means = md.split("## Raw means over seeds", 1)[1].split("\n## ", 1)[0]
+    rows = {ln.split(" | ")[1]: ln for ln in means.splitlines() if ln.startswith("| ")}
+    assert "0.46 (n=1)" in rows["opct"] and "(n=" not in rows["bct"] and "(n=" not in rows["benign_sft"]
+    assert cell_text({"value": 0.1, "lo": 0.0, "hi": 0.2, "n": 2}, seeds=3) == "+0.10 [0.00, +0.20] (n=2)"
+    assert cell_text({"value": 0.1, "lo": 0.0, "hi": 0.2, "n": 3}, seeds=3) == "+0.10 [0.00, +0.20]"

@@ -107,9 +107,8 @@ class ExperimentConfig:
                               factory=demo_eval, cli=False)
     attack: AttackConfig = option(help="AttackConfig fields (the adaptive attacker's budget)", factory=AttackConfig,
                                   cli=False)
-    note: str = option("The demo: smaller item counts and shorter training than configs/paper.yaml; one seed, so the "
-                       "intervals are bootstrap intervals over items, not over seeds.",
-                       "free text shown at the top of the report")
+    note: str = option("", "free text shown at the top of the report (none by default: the report says itself how "
+                           "its intervals are made, from the seeds that finished)")
     report: bool = option(True, "write report.html and results.md when every arm is done")
     threads: int = option(0, "torch CPU threads (0: one thread for models under 100M parameters, which is faster for "
                              "these small, overhead-bound steps; else torch's default)", ge=0, threads=True)

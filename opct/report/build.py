@@ -99,7 +99,8 @@ def results_markdown(run: Run) -> str:
         lines += ["### Ablations", "", md.table(header, body), "", paper.ABLATION_NOTE, ""]
     probe = mechanism.load(run.dir)
     if probe is not None:
-        lines += ["## Mechanism", "", mechanism.markdown(probe)]
+        lines += ["## Mechanism", "", *(f"**{md.text(t)}**" if t.startswith("Out of date") else md.text(t)
+                                        for t in mechanism.coverage(probe, run)), "", mechanism.markdown(probe)]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -146,7 +147,8 @@ def report_html(run: Run) -> str:
 
     probe = mechanism.load(run.dir)
     if probe is not None:
-        frags = []
+        frags = [page.para(t, "missing" if t.startswith("Out of date") else "small")
+                 for t in mechanism.coverage(probe, run)]
         for title, header, rows in mechanism.tables(probe):
             frags += [f"<h3>{page.escape(title)}</h3>", page.table_html(header, rows)]
         if probe.get("skipped"):

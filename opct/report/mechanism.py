@@ -290,6 +290,7 @@ def load(run_dir) -> dict | None:
     data = read_json(path, "mechanism")  # names the file: not UTF-8, a directory, nested too deeply (2026-12-07:
     try:  # "input: nested too deeply to read", no file)
         markdown(data)  # the file must hold what the report shows: a summary of every arm it names
+        _covered(data)  # and which seeds and arms it covers
     except (ValueError, KeyError, TypeError, AttributeError, IndexError, StopIteration, RecursionError):
         raise OpctError(f"{path}: not a mechanism probe result (rerun `opct mechanism {run_dir}`)") from None
     return data
@@ -334,6 +335,27 @@ NOTE = ("The mechanism probe (`opct mechanism RUN`): residual stream at the last
         "the similarity of two arms' changes; means over seeds with 95% t-intervals. 'undefined': an arm changed the "
         f"stream by less than {MIN_CHANGE:g} of its norm, so it has no direction to compare. The reading compares the "
         "CKA among activation-consistency arms with their CKA to output-level arms.")
+
+
+def _covered(result: dict) -> set:
+    """{(arm, seed)} the probe measured (a KeyError / ValueError / TypeError where the file has another shape)."""
+    [int(s) for s in result["seeds"]], [str(a) for a in result["arms"]]
+    return {(str(a), int(s)) for s, v in result["per_seed"].items() for a in v["change"]}
+
+
+def coverage(result: dict, run) -> list[str]:
+    """What the probe covers, and the finished cells of trained arms it does not (a seed run since `opct mechanism`:
+    the section read as the run's, found 2026-12-08), with how to refresh it."""
+    covered = _covered(result)
+    out = [f"This probe covers seed{'s' if len(result['seeds']) != 1 else ''} "
+           f"{', '.join(map(str, result['seeds']))} of arm{'s' if len(result['arms']) != 1 else ''} "
+           f"{', '.join(result['arms'])}."]
+    stale = [f"{arm} seed {seed}" for (arm, seed) in sorted(run.cells, key=lambda k: (k[1], run.arms.index(k[0])))
+             if arm not in UNTRAINED and _method_of(run, arm) not in UNTRAINED and (arm, seed) not in covered]
+    if stale:
+        out.append(f"Out of date: the run now has finished cells it does not cover ({', '.join(stale)}); run "
+                   f"`opct mechanism {run.dir}` to refresh it.")
+    return out
 
 
 def markdown(result: dict) -> str:

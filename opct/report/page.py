@@ -65,3 +65,12 @@ def left_out_html(label: str, count: str, items: list[str]) -> str:
 
 def meta_list(pairs: list[tuple[str, str]]) -> str:
     return "<dl>" + "".join(f"<dt>{escape(k)}</dt><dd>{escape(v)}</dd>" for k, v in pairs) + "</dl>"
+
+
+def model_text(settings: dict) -> str:
+    """A study's model as its report's header shows it: 'test (/path/to/dir)', the name alone where the directory is
+    the name or not recorded, '?' where neither is (never 'None (None)')."""
+    name, where = settings.get("model"), settings.get("model_dir")
+    if name is None:
+        return str(where) if where else "?"
+    return f"{name} ({where})" if where and where != name else str(name)

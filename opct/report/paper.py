@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from opct.report import unparsed
 from opct.report.aggregate import difference_range, num, signed, t_interval
 
 # The paper's published numbers (fractions): metric -> {model: {arm: value}}.
@@ -148,16 +149,33 @@ def verdict(claim: Claim, diff) -> str:
 
 def claims_table(run) -> tuple[list[str], list[list[str]]]:
     r = roles(run)
-    header = ["the paper's claim", "metric", "opct − sft (paired over seeds) [95% CI]", "seeds", "verdict"]
+    header = ["the paper's claim", "metric", "opct − sft (paired over seeds) [95% CI]", "seeds", "unparsed (opct; sft)",
+              "verdict"]
     body = []
     for c in CLAIMS:
         if "opct" not in r or c.against not in r:
-            body.append([c.text, c.metric, "–", "0", "cannot decide (the run has no opct or no sft arm)"])
+            body.append([c.text, c.metric, "–", "0", "–", "cannot decide (the run has no opct or no sft arm)"])
             continue
-        d = paired_difference(run, r["opct"], r[c.against], c.metric)
+        arms = (r["opct"], r[c.against])
+        d = paired_difference(run, *arms, c.metric)
         cell = "–" if d is None else signed(d[0]) + (f" [{num(d[1])}, {num(d[2])}]" if d[1] is not None else "")
-        body.append([c.text, c.metric, cell, str(d[3]) if d else "0", verdict(c, d)])
+        body.append([c.text, c.metric, cell, str(d[3]) if d else "0", _unparsed_cell(run, c.metric, arms),
+                     _doubted(verdict(c, d), run, c.metric, arms)])
     return header, body
+
+
+def _unparsed_cell(run, metric: str, arms) -> str:
+    """'32/32; 4/32': each arm's unparsed answers of all it gave on `metric`, summed over seeds."""
+    got = [unparsed.counts(run.seed_runs(a), metric) for a in arms]
+    return "; ".join(f"{u}/{t}" for u, t in got) if any(t for _, t in got) else "–"  # "–": no answers to count
+
+
+def _doubted(reading: str, run, metric: str, arms) -> str:
+    """`reading`, or 'inconclusive (N% unparsed in ARM)' where an arm's answers on `metric` are mostly unreadable
+    (`opct.report.unparsed.THRESHOLD`); a metric not measured stays so."""
+    if reading.startswith("not measured"):
+        return reading
+    return unparsed.doubt(run, metric, arms) or reading
 
 
 def published_table(run) -> tuple[list[str], list[list[str]]]:
@@ -173,7 +191,8 @@ def published_table(run) -> tuple[list[str], list[list[str]]]:
             body.append([metric, f"paper: {model}"] + [num(vals[role]) if role in vals else "–" for role in shown])
         arms = [r.get(_role(role, metric)) for role in shown]
         body.append([metric, "this run (arms: " + ", ".join(a or "–" for a in arms) + ")"]
-                    + [cell_text(estimate(run, a, metric), len(run.seeds)) if a else "–" for a in arms])
+                    + [cell_text(estimate(run, a, metric), len(run.seeds))
+                       + unparsed.mark(*unparsed.counts(run.seed_runs(a), metric)) if a else "–" for a in arms])
     return header, body
 
 
@@ -233,19 +252,21 @@ def ablations_table(run) -> tuple[list[str], list[list[str]]]:
                 reading = f"{a} better" if (lo > 0) == higher else f"{a} worse"
             else:
                 reading = "no difference shown"
-            body.append([question, f"{a} − {b}", label, cell, str(k), reading])
+            body.append([question, f"{a} − {b}", label, cell, str(k), _doubted(reading, run, metric, (a, b))])
     return header, body
 
 
 ABLATION_NOTE = ("Ablations: pairs of arms of this run that differ in one thing. Each row is the paired difference "
                  "over seeds (arm − against) with its 95% t-interval; 'better' / 'worse' when the interval excludes 0, "
-                 "in the metric's direction.")
+                 f"in the metric's direction; inconclusive when more than {unparsed.THRESHOLD:.0%} of either arm's "
+                 "answers on the metric went unparsed.")
 
 
 NOTE = ("Roles: opct = the run's OPCT arm, sft = its BCT (the paper's SFT baseline for sycophancy and jailbreaks) "
         "or SFT arm, base = the starting model, teacher = the starting model asked the teacher side (the paper's "
         "oracle), sft_opct = OPCT started from an SFT/BCT adapter. A verdict is read off the paired difference over "
         "seeds: reproduces / refutes when its 95% t-interval excludes 0 on the paper's side / the other side, cannot "
-        "decide when it holds 0 or when fewer than 3 seeds have both arms. The paper's models are 4B-30B "
-        "instruction-tuned LLMs; the organism is a 2M-parameter model of a synthetic world, so agreement in "
+        "decide when it holds 0 or when fewer than 3 seeds have both arms; inconclusive when more than "
+        f"{unparsed.THRESHOLD:.0%} of either arm's answers on the metric went unparsed. The paper's models are "
+        "4B-30B instruction-tuned LLMs; the organism is a 2M-parameter model of a synthetic world, so agreement in "
         "direction, not in level, is what can be compared.")

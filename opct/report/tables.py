@@ -6,6 +6,7 @@ and the HTML page render the same rows, so the two files never disagree.
 
 from __future__ import annotations
 
+from opct.report import unparsed
 from opct.report.aggregate import cell_text, estimate
 from opct.report.spec import Column, Table  # noqa: F401  (the table spec, re-exported)
 
@@ -89,7 +90,8 @@ def rows(run, table: Table) -> tuple[list[str], list[list[str]]]:
         row = [f"{arm} ({mark})" if mark else arm, f"{k}/{len(run.seeds)}"]
         for c in table.columns:
             base = estimate(run, ref, c.metric) if c.delta and ref is not None and arm != ref else None
-            row.append(cell_text(estimate(run, arm, c.metric), k, base))
+            row.append(cell_text(estimate(run, arm, c.metric), k, base)
+                       + unparsed.mark(*unparsed.counts(run.seed_runs(arm), c.metric)))
         body.append(row)
     return header, body
 
@@ -106,8 +108,11 @@ def interval_note(run) -> str:
                      "with fewer seeds than its row")
     if not parts:
         return "No cell is complete yet."
-    return "Cells are value [95% interval]: " + "; ".join(parts) + ". ↑ higher is better, ↓ lower is better; " \
+    note = "Cells are value [95% interval]: " + "; ".join(parts) + ". ↑ higher is better, ↓ lower is better; " \
         "– = not measured."
+    if any(unparsed.counts(run.seed_runs(a), m)[0] for a in run.arms for m in run.metric_names()):
+        note += " " + unparsed.NOTE
+    return note
 
 
 def transposed(run, table: Table) -> tuple[list[str], list[list[str]]]:

@@ -131,7 +131,7 @@ def build(root) -> tuple[Path, Path]:
     settings, rows, seconds = load_rows(root)  # each finished cell's rows.json, read once and checked
     agg, seeds = data["rows"], len(settings.get("seeds", []))
     md = [f"# Robustness: {markdown.text(settings.get('name', root.name))}", "", *markdown.facts([
-          ("model", f"{settings.get('model')} ({settings.get('model_dir')})"),
+          ("model", page.model_text(settings)),
           ("seeds", ", ".join(map(str, settings.get("seeds", [])))),
           ("studies", ", ".join(settings.get("studies", {})) + (" (quick sizes)" if settings.get("quick") else ""))]),
           ""]
@@ -145,7 +145,7 @@ def build(root) -> tuple[Path, Path]:
     html_secs = [("", [f"<h1>{page.escape('Robustness: ' + str(settings.get('name', root.name)))}</h1>",
                        page.para("written " + _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                                  "small"),
-                       page.meta_list([("run", str(root)), ("model", str(settings.get("model"))),
+                       page.meta_list([("run", str(root)), ("model", page.model_text(settings)),
                                        ("seeds", ", ".join(map(str, settings.get("seeds", []))))])]
                   + ([page.left_out_html("Missing", str(len(missing)), missing)] if missing else [])
                   + [page.para(NOTE, "small")])]

@@ -21,7 +21,7 @@ from opct.config import SEED, ConfigError, changes, construct, option, restart_a
 from opct.errors import OpctError
 from opct.files import dir_there, is_dir_name, read_json, write_json_atomic
 from opct.resume_check import check_extended
-from opct.shapes import INT, LIST, NUM, OBJECT, read_checked
+from opct.shapes import INT, LIST, NUM, OBJECT, STR, read_checked
 
 KIND = "robustness"
 KEY = ("study", "method", "axis", "condition", "x", "metric")
@@ -270,7 +270,9 @@ def load_rows(root: Path) -> tuple[dict, dict[str, dict[int, list[dict]]], dict]
 
 
 # What the report reads of study.json and of a cell's rows.json (opct/shapes.py; the rows are `check_rows`'s)
-STUDY_SHAPE = {"seeds?": [INT], "studies?": {"*": OBJECT}}
+# (`opct run` writes every one of them; a report of `{}` read "model: None (None)", rc 0)
+STUDY_SHAPE = {"seeds": [INT], "studies": {"*": OBJECT}, "name?": STR, "model?": (None, STR),
+               "model_dir?": (None, STR), "note?": (None, STR)}
 CELL_SHAPE = {"rows": LIST, "seconds?": (None, NUM)}
 
 

@@ -6,7 +6,8 @@
               some evaluation of the run computed (the attacker's are off), each with its direction
     cells     per row and column: per seed delta = metric(method) - metric(control) (same seed), their mean with
               the 95% t-interval over seeds (`t_interval`; none from one seed), n seeds, and the raw means of the
-              method, the control and the base model over the same seeds; intervals clipped by
+              method, the control and the base model over the same seeds with how many seeds each mean holds
+              (method_n, control_n, base_n); intervals clipped by
               `opct.report.aggregate.difference_range`, as every report's paired differences are
     control   the control against the base model, the same way (what benign SFT alone moves)
 """
@@ -22,8 +23,11 @@ from opct.shapes import INT, NAME, NUM, OBJECT, STR, read_checked
 MATRIX = "cross_threat.json"
 # What the matrix and its report read of threats.json and of a cell's done.json (opct/shapes.py); a threat or method
 # names a folder of the run
-SETTINGS_SHAPE = {"seeds?": [INT], "threats?": [NAME], "methods?": [NAME], "no_signal?": {"*": [STR]},
-                  "train?": (None, OBJECT), "eval?": (None, OBJECT)}
+# (`opct run` writes every one of them; a report of `{}` read "model: None (None)", "None steps x None rows", rc 0)
+SETTINGS_SHAPE = {"seeds": [INT], "threats": [NAME], "methods": [NAME], "name?": STR, "model?": (None, STR),
+                  "model_dir?": (None, STR), "no_signal?": {"*": [STR]}, "note?": (None, STR),
+                  "train?": (None, {"max_steps?": (None, INT), "batch_size?": (None, INT), "lr?": (None, NUM)}),
+                  "eval?": (None, OBJECT)}
 DONE_SHAPE = {"metrics?": (None, {"*": {"value?": (None, NUM)}}), "seconds?": (None, {"*": NUM})}
 
 
@@ -82,8 +86,13 @@ def _stats(metric: str, pairs: list[tuple[float | None, float | None]], base: li
         xs = [x for x in xs if x is not None]
         return sum(xs) / len(xs) if xs else None
 
+    def count(xs):
+        return sum(x is not None for x in xs)
+
     return {"value": value, "lo": lo, "hi": hi, "n": len(deltas), "method_mean": mean([a for a, _ in pairs]),
-            "control_mean": mean([b for _, b in pairs]), "base_mean": mean(base)}
+            "control_mean": mean([b for _, b in pairs]), "base_mean": mean(base),
+            "method_n": count([a for a, _ in pairs]), "control_n": count([b for _, b in pairs]),
+            "base_n": count(base)}
 
 
 def build_matrix(root: Path) -> dict:
@@ -126,7 +135,7 @@ def build_matrix(root: Path) -> dict:
         st = _stats(name, [(value_of(control[s], name), value_of(base[s], name)) for s in have], [])
         vs_base.append({"metric": c["metric"], "higher_is_better": c["higher_is_better"], "value": st["value"],
                         "lo": st["lo"], "hi": st["hi"], "n": st["n"], "control_mean": st["method_mean"],
-                        "base_mean": st["control_mean"]})
+                        "base_mean": st["control_mean"], "control_n": st["method_n"], "base_n": st["control_n"]})
     seconds = {f"seed{s}/{t + '/' if t else ''}{m}": v.get("seconds") for (s, t, m), v in done.items()}
     # what a killed or running run lacks (no-signal cells are never trained, so never missing)
     planned = [("", BASE), ("", CONTROL)] + [(r["threat"], r["method"]) for r in rows if not r["skipped"]]

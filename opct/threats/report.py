@@ -15,7 +15,8 @@ from opct.report.aggregate import num
 
 NOTE = ("Each cell: the change against the sample-matched benign-SFT control of the same seed (method − control; "
         "the control is SFT for the same steps × rows on benign prompts with the starting model's greedy answers), "
-        "its mean over seeds and 95% Student-t interval over seeds; (n=1): one seed, no interval. ↑ / ↓: higher / "
+        "its mean over seeds and 95% Student-t interval over seeds; (n=k): k seeds, fewer than the run's (n=1: no "
+        "interval), in every table. ↑ / ↓: higher / "
         "lower is better. ◆ / outlined: the column belongs to the threat trained on. 'no signal by construction': "
         "the threat's pairs give this method no gradient, so it was not trained.")
 
@@ -26,7 +27,8 @@ def _signed(x: float) -> str:
     return "0.00" if s == "+0.00" else s
 
 
-def cell_text(c: dict | None) -> str:
+def cell_text(c: dict | None, seeds: int = 0) -> str:
+    """'+0.12 [0.03, 0.21]'; ' (n=k)' where the change is over fewer seeds than the run's `seeds` (or one seed)."""
     if c is None:
         return "–"
     if c.get("skipped"):
@@ -34,7 +36,21 @@ def cell_text(c: dict | None) -> str:
     if c["value"] is None:
         return "n/a"
     s = _signed(c["value"])
-    return s + (f" [{_signed(c['lo'])}, {_signed(c['hi'])}]" if c["lo"] is not None else f" (n={c['n']})")
+    if c["lo"] is not None:
+        s += f" [{_signed(c['lo'])}, {_signed(c['hi'])}]"
+    return s + (f" (n={c['n']})" if c["lo"] is None or c["n"] < seeds else "")
+
+
+def _seeds(m: dict) -> int:
+    return len((m.get("settings") or {}).get("seeds") or [])
+
+
+def _mean(x, n, seeds: int) -> str:
+    """A raw mean, with ' (n=k)' where it holds fewer seeds than the run has (a row of seed 0 alone beside rows of
+    seeds 0 and 1 read 0.46 against 0.04 with no mark, found 2026-12-08)."""
+    if x is None:
+        return "–"
+    return f"{x:.2f}" + (f" (n={n})" if isinstance(n, int) and n < seeds else "")
 
 
 def _header(cols: list[dict]) -> list[str]:
@@ -50,8 +66,8 @@ def table(m: dict, marker: str = " ◆") -> tuple[list[str], list[list[str]]]:
     body = []
     for r in m["rows"]:
         body.append([r["threat"], r["method"]] + [
-            cell_text(idx.get((r["threat"], r["method"], c["metric"]))) + (marker if c["axis"] == r["threat"] and
-                                                                             not r["skipped"] else "")
+            cell_text(idx.get((r["threat"], r["method"], c["metric"])), _seeds(m))
+            + (marker if c["axis"] == r["threat"] and not r["skipped"] else "")
             for c in m["columns"]])
     return _header(m["columns"]), body
 
@@ -59,24 +75,24 @@ def table(m: dict, marker: str = " ◆") -> tuple[list[str], list[list[str]]]:
 def means_table(m: dict) -> tuple[list[str], list[list[str]]]:
     """The raw means behind the deltas: base and control once, then each row's method mean."""
     idx = _index(m)
-    cols = m["columns"]
+    cols, seeds = m["columns"], _seeds(m)
     ctl = {c["metric"]: c for c in m.get("control_vs_base", [])}
 
-    def f(x):
-        return "–" if x is None else f"{x:.2f}"
+    def f(c, key):
+        return _mean((c or {}).get(f"{key}_mean"), (c or {}).get(f"{key}_n"), seeds)
 
-    body = [["(base)", ""] + [f(ctl.get(c["metric"], {}).get("base_mean")) for c in cols],
-            ["(control)", "benign_sft"] + [f(ctl.get(c["metric"], {}).get("control_mean")) for c in cols]]
+    body = [["(base)", ""] + [f(ctl.get(c["metric"]), "base") for c in cols],
+            ["(control)", "benign_sft"] + [f(ctl.get(c["metric"]), "control") for c in cols]]
     for r in m["rows"]:
         if not r["skipped"]:
-            body.append([r["threat"], r["method"]] + [f((idx.get((r["threat"], r["method"], c["metric"])) or {})
-                                                        .get("method_mean")) for c in cols])
+            body.append([r["threat"], r["method"]] + [f(idx.get((r["threat"], r["method"], c["metric"])), "method")
+                                                      for c in cols])
     return _header(cols), body
 
 
 def control_row(m: dict) -> tuple[list[str], list[list[str]]]:
     cells = {c["metric"]: c for c in m.get("control_vs_base", [])}
-    return _header(m["columns"]), [["(none)", "control − base"] + [cell_text(cells.get(c["metric"]))
+    return _header(m["columns"]), [["(none)", "control − base"] + [cell_text(cells.get(c["metric"]), _seeds(m))
                                                                   for c in m["columns"]]]
 
 
@@ -110,11 +126,11 @@ def heatmap_html(m: dict) -> str:
             own = col["axis"] == r["threat"]
             style = f"background:{bg};" + ("color:#777;" if muted else "font-weight:600;") + (
                 "outline:2px solid #333;outline-offset:-2px;" if own else "")
-            tip = html.escape(f"{r['method']} on {r['threat']}, {col['metric']}: {cell_text(c)}"
+            tip = html.escape(f"{r['method']} on {r['threat']}, {col['metric']}: {cell_text(c, _seeds(m))}"
                               + ("" if c is None or c.get("skipped") else
                                  "; " + ", ".join(f"{k} {_f(c.get(k + '_mean'))}" for k in ("method", "control",
                                                                                              "base"))))
-            tds.append(f'<td style="{style}" title="{tip}">{html.escape(cell_text(c))}</td>')
+            tds.append(f'<td style="{style}" title="{tip}">{html.escape(cell_text(c, _seeds(m)))}</td>')
         trs.append("<tr>" + "".join(tds) + "</tr>")
     legend = page.para(f"Colour: green = better than the control in the metric's direction, red = worse; full "
                        f"colour at |change| ≥ {scale:.2f}; muted (pale, grey text) where the 95% interval contains 0 "
@@ -130,10 +146,11 @@ def build(root) -> tuple[Path, Path]:
     name = str(s.get("name", root.name))
     seeds = ", ".join(map(str, s.get("seeds", [])))
     train = s.get("train") or {}
-    facts = [("run", str(root)), ("model", f"{s.get('model')} ({s.get('model_dir')})"), ("seeds", seeds),
-             ("trained threats", ", ".join(s.get("threats", []))), ("methods", ", ".join(s.get("methods", []))),
-             ("training", f"{train.get('max_steps')} steps x {train.get('batch_size')} rows, lr {train.get('lr')}"
-                          + (" (quick sizes)" if s.get("quick") else ""))]
+    facts = [("run", str(root)), ("model", page.model_text(s)), ("seeds", seeds),
+             ("trained threats", ", ".join(s.get("threats", []))), ("methods", ", ".join(s.get("methods", [])))]
+    if any(train.get(k) is not None for k in ("max_steps", "batch_size", "lr")):  # "None steps x None rows" was shown
+        facts.append(("training", f"{train.get('max_steps', '?')} steps x {train.get('batch_size', '?')} rows, lr "
+                                  f"{train.get('lr', '?')}" + (" (quick sizes)" if s.get("quick") else "")))
     md = [f"# Cross-threat matrix: {markdown.text(name)}", "", *markdown.facts(facts), ""]
     if s.get("note"):
         md += [*markdown.quote(s["note"]), ""]
