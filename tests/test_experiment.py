@@ -19,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_demo_yaml_is_the_default_experiment():
     data = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     assert set(data) == {f.name for f in fields(ExperimentConfig)}  # every field spelled out
-    assert load_experiment(ROOT / "configs" / "demo.yaml") == ExperimentConfig()
+    from opct.experiment.config import DEMO_NOTE
+
+    # its note is the demo's own, which `opct demo` shows; no note by default (the demo's said "one seed" of any run)
+    assert load_experiment(ROOT / "configs" / "demo.yaml") == ExperimentConfig(note=DEMO_NOTE)
 
 
 def test_paper_yaml_loads_with_every_arm_and_three_seeds():

@@ -62,8 +62,10 @@ def _demo(args) -> int:
         return _profile(args)
     from opct.commands.run import run_and_report
     from opct.experiment import load_experiment
+    from opct.experiment.config import DEMO_NOTE
 
-    return run_and_report(load_experiment(None, out=args.out, name="demo" if args.name is None else args.name))
+    return run_and_report(load_experiment(None, out=args.out, name="demo" if args.name is None else args.name,
+                                          note=DEMO_NOTE))
 
 
 def _subject(args) -> int:

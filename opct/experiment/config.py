@@ -73,6 +73,11 @@ def _arm_names(values: list[str]) -> list[str]:
     return list(values)
 
 
+# configs/demo.yaml's note, which `opct demo` shows; not the default note, as its "one seed" is not true of others
+DEMO_NOTE = ("The demo: smaller item counts and shorter training than configs/paper.yaml; one seed, so the intervals "
+             "are bootstrap intervals over items, not over seeds.")
+
+
 @dataclass
 class ExperimentConfig:
     CONFIG_LABEL: ClassVar[str] = "experiment"
