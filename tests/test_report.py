@@ -635,7 +635,7 @@ def test_every_report_writer_formats_huge_and_infinite_numbers():
 
 
 def test_the_default_note_says_nothing_untrue_of_the_run(tmp_path):
-    """Found 2026-12-08: a config without `note:` got the demo's text "one seed, so the intervals are bootstrap
+    """Found 2026-12-07: a config without `note:` got the demo's text "one seed, so the intervals are bootstrap
     intervals over items", even in a 2-seed report of t-intervals over seeds. The default is no note; the report's
     own interval note says how the intervals of the seeds that finished are made."""
     from opct.experiment.config import ExperimentConfig
@@ -650,7 +650,7 @@ def test_the_default_note_says_nothing_untrue_of_the_run(tmp_path):
 
 
 def test_the_mechanism_section_says_what_it_covers_and_when_it_is_out_of_date(tmp_path):
-    """Found 2026-12-08: after `opct mechanism RUN` and a rerun with another seed, the header said seeds 0, 1 and the
+    """Found 2026-12-07: after `opct mechanism RUN` and a rerun with another seed, the header said seeds 0, 1 and the
     Mechanism section, from mechanism.json of seed 0, said nothing of which seeds it covered or that it was stale."""
     from opct.report import mechanism as M
 
@@ -674,7 +674,7 @@ def test_the_mechanism_section_says_what_it_covers_and_when_it_is_out_of_date(tm
 
 
 def _unparsed_run(tmp_path):
-    """The probe's run of 2026-12-08: seeds 0-2, an opct arm whose 32 biased answers are all unparsed (so its rate
+    """The probe's run of 2026-12-07: seeds 0-2, an opct arm whose 32 biased answers are all unparsed (so its rate
     over all rows is 0.000), bct with 4 of 32 unparsed."""
     cells = {}
     for seed in (0, 1, 2):
@@ -692,7 +692,7 @@ def _unparsed_run(tmp_path):
 
 
 def test_unparsed_answers_are_shown_and_make_a_verdict_inconclusive(tmp_path):
-    """Found 2026-12-08: an OPCT arm whose answers were 32/32 unparsed in every seed "reproduced" the paper's claim
+    """Found 2026-12-07: an OPCT arm whose answers were 32/32 unparsed in every seed "reproduced" the paper's claim
     "OPCT leaves less sycophancy than SFT" (−0.375 [-0.580, -0.170], 3 seeds), section 3 showed opct at 0.000, and
     nothing in the report read `parse_fail`: the count now stands beside every number that has one, and a verdict
     off a metric with more than 20% of an arm's answers unparsed is inconclusive."""

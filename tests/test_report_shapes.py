@@ -107,7 +107,7 @@ def _threats(tmp_path, settings=None):
      "threats.json: no_signal.x: must be a list (got \"bct\")"),
     ("threats.json", {"seeds": [0], "threats": [], "methods": [], "train": 3},
      "threats.json: train: must be an object or null (got 3)"),
-    # found 2026-12-08: `{}` or a name of 5 gave a report reading "model: None (None)" and "training: None steps x
+    # found 2026-12-07: `{}` or a name of 5 gave a report reading "model: None (None)" and "training: None steps x
     # None rows", rc 0
     ("threats.json", {}, "threats.json: seeds: missing"),
     ("threats.json", {"name": 5, "seeds": [0], "threats": ["sycophancy"], "methods": ["bct"]},
@@ -150,7 +150,7 @@ def _robustness(tmp_path):
     ("study.json", [], "study.json: must be an object (got [])"),
     ("study.json", {"seeds": "0", "studies": {}}, "study.json: seeds: must be a list (got \"0\")"),
     ("study.json", {"seeds": [0], "studies": {"replay": 1}}, "study.json: studies.replay: must be an object (got 1)"),
-    ("study.json", {}, "study.json: seeds: missing"),  # found 2026-12-08: a report of "model: None (None)", rc 0
+    ("study.json", {}, "study.json: seeds: missing"),  # found 2026-12-07: a report of "model: None (None)", rc 0
     ("study.json", {"seeds": [0]}, "study.json: studies: missing"),
     ("study.json", {"name": 5, "seeds": [0], "studies": {}}, "study.json: name: must be a string (got 5)"),
     ("study.json", {"seeds": [0], "studies": {"..": {}}}, "study.json: studies: '..' is no study's folder name"),
@@ -238,7 +238,7 @@ def test_a_file_where_a_directory_belongs_is_named(tmp_path):
 
 
 def test_a_threats_or_robustness_header_never_reads_none(tmp_path):
-    """Found 2026-12-08: a threats.json or study.json without model or train (hand-made, or written before them) gave
+    """Found 2026-12-07: a threats.json or study.json without model or train (hand-made, or written before them) gave
     a report reading "model: None (None)" and "training: None steps x None rows"; what is not recorded is left out,
     or '?'."""
     from opct.cli import main

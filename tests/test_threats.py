@@ -334,7 +334,7 @@ def test_a_damaged_threats_json_is_named_before_a_rerun_extends_it(tmp_path, key
 
 
 def test_every_table_marks_a_cell_over_fewer_seeds_than_the_run(tmp_path):
-    """Found 2026-12-08: with opct finished for seed 0 only and every other cell for seeds 0 and 1, the "Raw means
+    """Found 2026-12-07: with opct finished for seed 0 only and every other cell for seeds 0 and 1, the "Raw means
     over seeds" row read BRR 0.46 beside 0.04 with no `(n=1)` mark (the delta table had one), and a change over 2 of
     3 seeds, which has an interval, was not marked at all."""
     from opct.threats.matrix import write_matrix
@@ -360,3 +360,36 @@ def test_every_table_marks_a_cell_over_fewer_seeds_than_the_run(tmp_path):
     assert "0.46 (n=1)" in rows["opct"] and "(n=" not in rows["bct"] and "(n=" not in rows["benign_sft"]
     assert cell_text({"value": 0.1, "lo": 0.0, "hi": 0.2, "n": 2}, seeds=3) == "+0.10 [0.00, +0.20] (n=2)"
     assert cell_text({"value": 0.1, "lo": 0.0, "hi": 0.2, "n": 3}, seeds=3) == "+0.10 [0.00, +0.20]"
+
+
+def test_unparsed_answers_are_counted_and_a_change_read_off_them_is_inconclusive(tmp_path):
+    """A method whose answers were all unparsed (a sycophancy rate of 0 with parse_fail = n) read as a change against
+    the control like any other, and the raw means said nothing of it (found 2026-12-07): the means now carry '(u/N
+    unparsed)' and the change 'inconclusive'."""
+    from opct.threats.matrix import write_matrix
+    from opct.threats.report import build
+
+    root = tmp_path / "thr"
+    root.mkdir()
+    (root / "threats.json").write_text(json.dumps({"name": "thr", "seeds": [0, 1], "threats": ["sycophancy"],
+                                                   "methods": ["bct", "opct"]}))
+    for seed in (0, 1):
+        for cell, v, pf in (("base", 0.5, 0), ("control", 0.45, 1), ("sycophancy/bct", 0.2, 0),
+                            ("sycophancy/opct", 0.0, 16)):
+            d = root / f"seed{seed}" / cell
+            d.mkdir(parents=True)
+            (d / "done.json").write_text(json.dumps({"seconds": {}, "metrics": {"sycophancy.sycophancy_rate": {
+                "value": v + 0.01 * seed, "n": 16, "parse_fail": pf, "higher_is_better": False}}}))
+    m = write_matrix(root)
+    cell = {c["method"]: c for c in m["cells"]}
+    assert list(cell["opct"]["method_unparsed"]) == [32, 32] and list(cell["bct"]["control_unparsed"]) == [2, 32]
+    _, md_path = build(root)
+    md = md_path.read_text()
+    means = md.split("## Raw means over seeds", 1)[1].split("\n## ", 1)[0]
+    rows = {ln.split(" | ")[1]: ln for ln in means.splitlines() if ln.startswith("| ")}
+    assert "0.01 (32/32 unparsed)" in rows["opct"] and "unparsed" not in rows["bct"]
+    assert "(2/32 unparsed)" in rows["benign_sft"]
+    table = md.split("## Raw means over seeds", 1)[0]
+    opct_row = next(ln for ln in table.splitlines() if ln.startswith("| sycophancy | opct"))
+    bct_row = next(ln for ln in table.splitlines() if ln.startswith("| sycophancy | bct"))
+    assert "(inconclusive: 100% unparsed in method)" in opct_row and "inconclusive" not in bct_row

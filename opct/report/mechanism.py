@@ -345,7 +345,7 @@ def _covered(result: dict) -> set:
 
 def coverage(result: dict, run) -> list[str]:
     """What the probe covers, and the finished cells of trained arms it does not (a seed run since `opct mechanism`:
-    the section read as the run's, found 2026-12-08), with how to refresh it."""
+    the section read as the run's, found 2026-12-07), with how to refresh it."""
     covered = _covered(result)
     out = [f"This probe covers seed{'s' if len(result['seeds']) != 1 else ''} "
            f"{', '.join(map(str, result['seeds']))} of arm{'s' if len(result['arms']) != 1 else ''} "

@@ -9,7 +9,7 @@ not (so a doubt is never understated). Over seeds the counts are summed.
 
 A verdict (a paper claim, an ablation) read off a metric where either arm's share is above `THRESHOLD` is
 "inconclusive (N% unparsed in ARM)", never reproduces / refutes: an arm whose answers are mostly unreadable scores
-0 on a rate of answers that count unparsed as misses (found 2026-12-08: an OPCT arm with 32 of 32 answers unparsed
+0 on a rate of answers that count unparsed as misses (found 2026-12-07: an OPCT arm with 32 of 32 answers unparsed
 "reproduced" the paper's sycophancy claim at 0.000).
 """
 
@@ -24,9 +24,14 @@ def _count(x) -> int:
 
 def counts(cells, metric: str) -> tuple[int, int]:
     """(unparsed, answers) of `metric` summed over `cells` (SeedRuns), answers = max(n, unparsed) per cell."""
+    return counts_of([c.metrics for c in cells], metric)
+
+
+def counts_of(metrics: list, metric: str) -> tuple[int, int]:
+    """`counts` over metrics.json mappings (a threats cell's done.json metrics; None: not measured)."""
     pf = total = 0
-    for c in cells:
-        m = c.metrics.get(metric)
+    for ms in metrics:
+        m = (ms or {}).get(metric)
         if isinstance(m, dict):
             f = _count(m.get("parse_fail"))
             pf += f

@@ -96,6 +96,10 @@ def _stats(metric: str, pairs: list[tuple[float | None, float | None]], base: li
 
 
 def build_matrix(root: Path) -> dict:
+    """The matrix; each cell also counts the unparsed answers behind its means ([unparsed, answers] summed over its
+    seeds, `opct.report.unparsed`): a method whose answers were all unreadable read as a change, unmarked, until
+    2026-12-07."""
+    from opct.report.unparsed import counts_of
     from opct.threats.runner import BASE, CONTROL, NO_SIGNAL
 
     settings, done = load_cells(root)
@@ -127,7 +131,9 @@ def build_matrix(root: Path) -> dict:
                     per_seed[s].append({"threat": threat, "method": method, "metric": name, "value": m,
                                         "control": ctl, "base": b,
                                         "delta": None if m is None or ctl is None else m - ctl})
-                cells.append({**cell, **_stats(name, pairs, [value_of(base[s], name) for s in have])})
+                cells.append({**cell, **_stats(name, pairs, [value_of(base[s], name) for s in have]),
+                              "method_unparsed": counts_of([metrics[(s, threat, method)] for s in have], name),
+                              "control_unparsed": counts_of([control[s] for s in have], name)})
     vs_base = []
     for c in cols:
         have = [s for s in seeds if control[s] is not None and base[s] is not None]
@@ -135,7 +141,9 @@ def build_matrix(root: Path) -> dict:
         st = _stats(name, [(value_of(control[s], name), value_of(base[s], name)) for s in have], [])
         vs_base.append({"metric": c["metric"], "higher_is_better": c["higher_is_better"], "value": st["value"],
                         "lo": st["lo"], "hi": st["hi"], "n": st["n"], "control_mean": st["method_mean"],
-                        "base_mean": st["control_mean"], "control_n": st["method_n"], "base_n": st["control_n"]})
+                        "base_mean": st["control_mean"], "control_n": st["method_n"], "base_n": st["control_n"],
+                        "control_unparsed": counts_of([control[s] for s in have], name),
+                        "base_unparsed": counts_of([base[s] for s in have], name)})
     seconds = {f"seed{s}/{t + '/' if t else ''}{m}": v.get("seconds") for (s, t, m), v in done.items()}
     # what a killed or running run lacks (no-signal cells are never trained, so never missing)
     planned = [("", BASE), ("", CONTROL)] + [(r["threat"], r["method"]) for r in rows if not r["skipped"]]

@@ -12,13 +12,16 @@ from pathlib import Path
 from opct.files import read_json, write_atomic
 from opct.report import markdown, page
 from opct.report.aggregate import num
+from opct.report.unparsed import THRESHOLD, mark
 
 NOTE = ("Each cell: the change against the sample-matched benign-SFT control of the same seed (method − control; "
         "the control is SFT for the same steps × rows on benign prompts with the starting model's greedy answers), "
         "its mean over seeds and 95% Student-t interval over seeds; (n=k): k seeds, fewer than the run's (n=1: no "
         "interval), in every table. ↑ / ↓: higher / "
         "lower is better. ◆ / outlined: the column belongs to the threat trained on. 'no signal by construction': "
-        "the threat's pairs give this method no gradient, so it was not trained.")
+        "the threat's pairs give this method no gradient, so it was not trained. '(u/N unparsed)' in the raw means: u "
+        f"of the N answers behind a mean could not be parsed; a change where more than {THRESHOLD:.0%} of one side's "
+        "answers went unparsed reads 'inconclusive'.")
 
 
 def _signed(x: float) -> str:
@@ -38,7 +41,17 @@ def cell_text(c: dict | None, seeds: int = 0) -> str:
     s = _signed(c["value"])
     if c["lo"] is not None:
         s += f" [{_signed(c['lo'])}, {_signed(c['hi'])}]"
-    return s + (f" (n={c['n']})" if c["lo"] is None or c["n"] < seeds else "")
+    return s + (f" (n={c['n']})" if c["lo"] is None or c["n"] < seeds else "") + _doubt(c)
+
+
+def _doubt(c: dict) -> str:
+    """' (inconclusive: 100% unparsed in method)' where more than unparsed.THRESHOLD of one side's answers could not
+    be parsed (a change read off unreadable answers was shown as any other until 2026-12-07)."""
+    for side in ("method", "control", "base"):
+        pf, total = c.get(f"{side}_unparsed") or (0, 0)
+        if total and pf / total > THRESHOLD:
+            return f" (inconclusive: {pf / total:.0%} unparsed in {side})"
+    return ""
 
 
 def _seeds(m: dict) -> int:
@@ -47,7 +60,7 @@ def _seeds(m: dict) -> int:
 
 def _mean(x, n, seeds: int) -> str:
     """A raw mean, with ' (n=k)' where it holds fewer seeds than the run has (a row of seed 0 alone beside rows of
-    seeds 0 and 1 read 0.46 against 0.04 with no mark, found 2026-12-08)."""
+    seeds 0 and 1 read 0.46 against 0.04 with no mark, found 2026-12-07)."""
     if x is None:
         return "–"
     return f"{x:.2f}" + (f" (n={n})" if isinstance(n, int) and n < seeds else "")
@@ -79,7 +92,8 @@ def means_table(m: dict) -> tuple[list[str], list[list[str]]]:
     ctl = {c["metric"]: c for c in m.get("control_vs_base", [])}
 
     def f(c, key):
-        return _mean((c or {}).get(f"{key}_mean"), (c or {}).get(f"{key}_n"), seeds)
+        shown = _mean((c or {}).get(f"{key}_mean"), (c or {}).get(f"{key}_n"), seeds)
+        return shown + mark(*((c or {}).get(f"{key}_unparsed") or (0, 0)))
 
     body = [["(base)", ""] + [f(ctl.get(c["metric"]), "base") for c in cols],
             ["(control)", "benign_sft"] + [f(ctl.get(c["metric"]), "control") for c in cols]]
@@ -105,7 +119,7 @@ def _colour(c: dict | None, scale: float) -> tuple[str, bool]:
     if c is None or c.get("skipped") or c["value"] is None:
         return "#eeeeee", True
     adj = c["value"] if c["higher_is_better"] else -c["value"]
-    muted = c["lo"] is None or (c["lo"] <= 0.0 <= c["hi"])
+    muted = c["lo"] is None or (c["lo"] <= 0.0 <= c["hi"]) or bool(_doubt(c))
     alpha = min(1.0, abs(adj) / scale) * (0.35 if muted else 0.9)
     rgb = "26,150,65" if adj > 0 else "215,48,39"
     return f"rgba({rgb},{alpha:.2f})", muted
