@@ -176,3 +176,21 @@ def test_base_picked_from_a_file_whose_other_arms_train_is_not_refused(tmp_path)
                     "trained: {awareness: [guideline]}\npair_options: {awareness: {teacher: guideline}}\n")
     cfg = load_experiment(path, build_parser().parse_args(["run", str(path), "--arms", "base"]))
     assert list(cfg.arms) == ["base"] and cfg.pairs == "/nonexistent.jsonl"
+
+
+def test_a_rerun_of_an_arm_with_replay_on_a_users_pairs_is_not_refused(test_organism, tmp_path):
+    """The finished-cell check looked for an arm's pairs at the user's `pairs` file, where an arm with benign_replay
+    trains on its own seed<S>-<arm>.jsonl (its pairs plus the replay): an unchanged rerun (another seed added) was
+    refused as 'trained with other settings or inputs' (found in review, 2026-12-07). The check and the runner now
+    take the path from one place (runner.pairs_path)."""
+    from opct.experiment.runner import make_training_pairs
+
+    world = tmp_path / "world.jsonl"
+    save_pairs(make_training_pairs(ExperimentConfig(**SMALL, out=str(tmp_path), arms=["base"]), 0), world)
+    pu = _pairs(world, tmp_path / "pu.jsonl", 6)
+    cfg = dict(SMALL, model=str(test_organism), out=str(tmp_path / "runs"), name="r", pairs=str(pu),
+               arms={"base": {}, "bct": {"method": "bct", "benign_replay": 4}})
+    root = run_experiment(ExperimentConfig(**cfg), log=lambda m: None)
+    assert json.loads((root / "bct" / "0" / "train" / "config.json").read_text())["pairs"].endswith("seed0-bct.jsonl")
+    run_experiment(ExperimentConfig(**{**cfg, "seeds": [0, 1]}), log=lambda m: None)
+    assert (root / "bct" / "1" / "done.json").exists()

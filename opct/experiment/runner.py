@@ -188,8 +188,17 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
         return root
 
 
+def pairs_path(cfg: ExperimentConfig, root: Path, seed: int, arm: str) -> Path:
+    """Where the arm's training pairs of `seed` are: the arm's own file when it adds benign replay pairs, else the
+    user's `pairs` or the seed's world pairs (shared by every arm)."""
+    if cfg.arms[arm].get("benign_replay", 0):
+        return root / "pairs" / f"seed{seed}-{arm}.jsonl"
+    return Path(cfg.pairs) if cfg.pairs else root / "pairs" / f"seed{seed}.jsonl"
+
+
 def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log, arm: str) -> Path:
-    """The arm's training pairs: the seed's (shared by every arm), plus the arm's own benign replay pairs."""
+    """The arm's training pairs (`pairs_path`): the seed's (shared by every arm), plus the arm's own benign replay
+    pairs, made (or checked against what an earlier session made)."""
     from opct.pairs.make import replay_pairs
     from opct.pairs.schema import load_pairs, save_pairs
 
@@ -197,7 +206,7 @@ def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log, arm: str) -> 
     n = cfg.arms[arm].get("benign_replay", 0)
     if not n:
         return shared
-    path = root / "pairs" / f"seed{seed}-{arm}.jsonl"
+    path = pairs_path(cfg, root, seed, arm)
     replay = replay_pairs(n, seed)
     made = [*load_pairs(shared), *replay]
     if not path.exists():
@@ -245,7 +254,7 @@ def _shared_pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log) -> Pat
 
     if cfg.pairs:
         return _user_pairs(Path(cfg.pairs), cfg.trained)
-    path = root / "pairs" / f"seed{seed}.jsonl"
+    path = root / "pairs" / f"seed{seed}.jsonl"  # `pairs_path` of an arm without replay
     pairs = make_training_pairs(cfg, seed)
     if not pairs:
         raise OpctError("the experiment trains on nothing: every list in `trained` is empty (or give --pairs)")
@@ -262,14 +271,11 @@ def train_arm(cfg: ExperimentConfig, arm: str, seed: int, model: str, pairs_file
               log) -> tuple[str, str | None]:
     """Train one arm (resuming an interrupted run); return (model dir, adapter dir or None) to evaluate."""
     from opct.train.loop import train
-    from opct.train.rundir import check_finished
 
     final = out / "final"
     src = cfg.arms[arm].get("init_from")
     tc = _arm_train_config(cfg, arm, seed, model, pairs_file, out)
-    if final.exists():  # trained by an earlier session: as this arm trains, on these pairs, or refused
-        check_finished(out, tc, f"the {arm} cell of seed {seed}")
-    else:
+    if not final.exists():  # one trained by an earlier session was checked before any cell ran (check_trained_cells)
         if src and not (Path(tc.init_adapter) / "adapter_config.json").exists():
             raise OpctError(f"arm {arm}: init_from {src!r}, but {tc.init_adapter} holds no trained adapter (is the "
                             f"{src} cell of seed {seed} done?)")
@@ -311,10 +317,8 @@ def check_trained_cells(cfg: ExperimentConfig, root: Path, model: str) -> None:
                 continue
             if (done := out.parent / "done.json").exists():  # a cell copied from another folder is named as that
                 check_cell(done, read_checked(done, "done", OBJECT), arm, seed)
-            n = cfg.arms[arm].get("benign_replay", 0)
-            pairs = Path(cfg.pairs) if cfg.pairs else root / "pairs" / (f"seed{seed}-{arm}.jsonl" if n else
-                                                                       f"seed{seed}.jsonl")
-            check_finished(out, _arm_train_config(cfg, arm, seed, model, pairs, out), f"the {arm} cell of seed {seed}")
+            check_finished(out, _arm_train_config(cfg, arm, seed, model, pairs_path(cfg, root, seed, arm), out),
+                           f"the {arm} cell of seed {seed}")
 
 
 def evaluate_arm(cfg: ExperimentConfig, seed: int, model_dir: str, adapter: str | None, out: Path, log,
