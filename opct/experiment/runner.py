@@ -213,11 +213,11 @@ def _pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log, arm: str) -> 
         save_pairs(made, path)
         log(f"  pairs for {arm}: + {len(replay)} benign replay pairs -> {path}")
     else:
-        _check_made(path, made, seed)
+        check_made(path, made, seed)
     return path
 
 
-def _check_made(path: Path, pairs: list, seed: int) -> None:
+def check_made(path: Path, pairs: list, seed: int) -> None:
     """An OpctError when the pairs file an earlier session of the experiment made (`path`) holds other pairs than
     it makes now (`pairs`): edited, cut short, or made by another version of opct. Its arms trained on what it held;
     an arm trained now on other pairs would be compared with them as if on the same."""
@@ -263,7 +263,7 @@ def _shared_pairs_file(cfg: ExperimentConfig, root: Path, seed: int, log) -> Pat
         counts = Counter(p.axis for p in pairs)
         log(f"  pairs: {len(pairs)} ({', '.join(f'{k} {v}' for k, v in counts.items())}) -> {path}")
     else:  # made by an earlier session of this experiment: the same pairs, or its arms would not compare
-        _check_made(path, pairs, seed)
+        check_made(path, pairs, seed)
     return path
 
 

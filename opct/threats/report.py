@@ -12,7 +12,7 @@ from pathlib import Path
 from opct.files import read_json, write_atomic
 from opct.report import markdown, page
 from opct.report.aggregate import num
-from opct.report.unparsed import THRESHOLD, mark
+from opct.report.unparsed import THRESHOLD, mark, share
 
 NOTE = ("Each cell: the change against the sample-matched benign-SFT control of the same seed (method − control; "
         "the control is SFT for the same steps × rows on benign prompts with the starting model's greedy answers), "
@@ -48,9 +48,8 @@ def _doubt(c: dict) -> str:
     """' (inconclusive: 100% unparsed in method)' where more than unparsed.THRESHOLD of one side's answers could not
     be parsed (a change read off unreadable answers was shown as any other until 2026-12-07)."""
     for side in ("method", "control", "base"):
-        pf, total = c.get(f"{side}_unparsed") or (0, 0)
-        if total and pf / total > THRESHOLD:
-            return f" (inconclusive: {pf / total:.0%} unparsed in {side})"
+        if (part := share(*(c.get(f"{side}_unparsed") or (0, 0)))) > THRESHOLD:
+            return f" (inconclusive: {part:.0%} unparsed in {side})"
     return ""
 
 

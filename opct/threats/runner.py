@@ -184,11 +184,11 @@ def threat_pairs(cfg: ThreatsConfig, threat: str, seed: int, path: Path) -> Path
 def _save_or_check(pairs: list, path: Path, seed: int) -> None:
     """Write the pairs, or check that the file an earlier session wrote holds them (its cells trained on it; until
     2026-12-07 an edited file was trained on by the cells added later, unchecked)."""
-    from opct.experiment.runner import _check_made
+    from opct.experiment.runner import check_made
     from opct.pairs.schema import save_pairs
 
     if path.exists():
-        _check_made(path, pairs, seed)
+        check_made(path, pairs, seed)
     else:
         save_pairs(pairs, path)
 
