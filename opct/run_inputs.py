@@ -46,6 +46,8 @@ def experiment_inputs(model: str, ec, pairs: str = "", prefix: str = "") -> tupl
 def check_run_inputs(root: Path, now: dict[str, str], named: dict[str, str], continuing: bool) -> None:
     """Record `now` in ROOT/run_inputs.json; when `continuing` an earlier run (its cells kept), first refuse inputs
     whose fingerprint differs from the one recorded (an input not recorded yet, new to this rerun, is added)."""
+    from opct.resume_check import changed_inputs
+
     path = root / INPUTS
     saved = {}
     if continuing and path.exists():
@@ -54,7 +56,7 @@ def check_run_inputs(root: Path, now: dict[str, str], named: dict[str, str], con
             raise OpctError(f"{path}: not a record of the run's inputs (damaged or edited): the cells already run "
                             f"cannot be checked against these inputs; put the original back, or run under another "
                             f"--name or --out")
-        changed = [k for k, v in now.items() if saved.get(k, v) != v]
+        changed = changed_inputs(saved, now)
         if changed:
             one = len(changed) == 1
             differs = "its fingerprint differs" if one else "their fingerprints differ"
