@@ -305,9 +305,10 @@ def load_experiment(path=None, args=None, **overrides) -> ExperimentConfig:
             file_arms = _normalise_arms(data["arms"])
         except ConfigError as e:
             raise OpctError(f"{path}: {e}") from None
-        twice = sorted({a for a in flags["arms"] if flags["arms"].count(a) > 1})
-        if twice:
-            raise OpctError(f"--arms: {', '.join(twice)} named twice")
+        from opct.flags import first_repeat
+
+        if (twice := first_repeat(flags["arms"])) is not None:
+            raise OpctError(f"--arms: {twice} named twice")
         overrides["arms"] = {a: file_arms.get(a) for a in flags["arms"]}
         if isinstance(data.get("arm_train"), dict) and "arm_train" not in overrides:
             for a in data["arm_train"]:

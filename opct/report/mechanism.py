@@ -25,6 +25,7 @@ import random
 from pathlib import Path
 
 from opct.errors import OpctError
+from opct.flags import first_repeat
 
 MIN_CHANGE = 1e-3  # relative change below which an arm "changed nothing" at that layer
 ACTIVATION_METHODS = ("act", "mlpct", "attct")
@@ -126,8 +127,8 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
     model_dir, _ = resolve(str(run.experiment.get("model_dir") or run.experiment.get("model", "default")))
     trained = [a for a in run.arms if a not in UNTRAINED and _method_of(run, a) not in UNTRAINED]
     if arms:
-        if twice := sorted({a for a in arms if arms.count(a) > 1}):  # `--arms opct opct`: refused, as elsewhere
-            raise OpctError(f"--arms: {', '.join(twice)} named twice")
+        if (twice := first_repeat(arms)) is not None:  # `--arms opct opct`: refused, as elsewhere
+            raise OpctError(f"--arms: {twice} named twice")
         unknown = [a for a in arms if a not in run.arms]
         if unknown:
             raise OpctError(f"--arms: {unknown[0]!r} is not an arm of {run.dir} (arms: {', '.join(run.arms)})")
