@@ -3,6 +3,7 @@ and the robustness runner (`opct run FILE` with `kind: robustness`). Real traini
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -380,3 +381,39 @@ def test_a_damaged_study_json_is_named_before_a_rerun_extends_it(tmp_path, key, 
     with pytest.raises(OpctError) as e:
         _previous(tmp_path, {})
     assert str(e.value) == f"{path}: {needle}"
+
+
+def test_unparsed_answers_reach_the_robustness_report(tmp_path):
+    """The robustness tables showed a rate with no word of the answers behind it that could not be parsed: a method
+    whose answers all went unreadable read as a sycophancy rate of 0 (found 2026-12-07). Rows read off an
+    evaluation's metric carry (unparsed, answers), summed over seeds, and the report marks the cell."""
+    from opct.robustness.cells import metric_rows
+    from opct.robustness.report import build
+    from opct.robustness.runner import check_rows, write_aggregate
+
+    name = "sycophancy.sycophancy_rate_all"
+    seeds = {0: {name: {"value": 0.0, "n": 32, "parse_fail": 32, "higher_is_better": False}},
+             1: {name: {"value": 0.25, "n": 32, "parse_fail": 3, "higher_is_better": False}}}
+    (tmp_path / "study.json").write_text(json.dumps({"name": "rob", "seeds": [0, 1], "studies": {"replay": {}}}))
+    for s, metrics in seeds.items():
+        rows = metric_rows("replay", "opct", "sycophancy", "none", None, metrics, [name])
+        assert (rows[0]["unparsed"], rows[0]["answers"]) == (metrics[name]["parse_fail"], 32)
+        (tmp_path / "replay" / f"seed{s}").mkdir(parents=True)
+        (tmp_path / "replay" / f"seed{s}" / "rows.json").write_text(json.dumps({"rows": rows}))
+    agg = write_aggregate(tmp_path)
+    assert (agg[0]["unparsed"], agg[0]["answers"]) == (35, 64)
+    md = build(tmp_path)[1].read_text()
+    assert "(35/64 unparsed)" in md
+    # rows without counts (a study's own metrics, rows.json of an earlier version) are read as before, unmarked
+    (tmp_path / "replay" / "seed1" / "rows.json").write_text(json.dumps({"rows": [
+        {k: v for k, v in r.items() if k not in ("unparsed", "answers")} for r in rows]}))
+    agg = write_aggregate(tmp_path)
+    assert (agg[0]["unparsed"], agg[0]["answers"]) == (32, 32)
+    for bad, needle in [({"unparsed": -1, "answers": 3}, "unparsed: must be a count >= 0"),
+                        ({"unparsed": 4, "answers": 3}, "unparsed (4) must come with answers at least as many"),
+                        ({"unparsed": 1}, "unparsed (1) must come with answers"),
+                        ({"answers": True}, "answers: must be a count"),
+                        ({"other": 1}, "must have exactly the keys")]:
+        with pytest.raises(OpctError, match=re.escape(needle)):
+            bare = {k: v for k, v in rows[0].items() if k not in ("unparsed", "answers")}
+            check_rows([{**bare, **bad}], "rows.json")

@@ -388,6 +388,12 @@ def test_backdoor_study_rows_well_formed_and_identical_on_resume(tmp_path):
     conds = {r["condition"] for r in rows}
     assert len(conds) == 2
     assert {r["x"] for r in rows if r["metric"] == "asr_triggered"} == {0.0, 1.0, 2.0}
+    # answers that neither refused nor complied count as no attack success: their share is reported beside it
+    for x in (0.0, 1.0, 2.0):
+        at = {r["metric"]: r["value"] for r in rows if r["x"] == x and r["condition"] == rows[-1]["condition"]}
+        assert {"unparsed_triggered", "unparsed_clean", "unparsed_benign"} <= set(at), sorted(at)
+        assert at["asr_triggered"] + at["unparsed_triggered"] <= 1.0 and 0.0 <= at["unparsed_clean"] <= 1.0
+        assert at["answered_benign"] + at["unparsed_benign"] <= 1.0
     assert any(r["metric"] == "admission_poisoned_rejected" and r["value"] == 2.0 for r in rows)
     # an interruption after epoch 2's training, before its measurement: the rerun redoes only that piece
     d = next(p for p in out.iterdir() if p.name.startswith("p0.25_teacherbackdoor_estsampled"))

@@ -11,7 +11,10 @@ One seed of the study (`run`):
      each epoch measure the student on the held-out harmful categories (never trained on):
        asr_triggered   P(complied) with the trigger before the request (direct, and in each held-out wrapper),
        asr_clean       P(complied) on the same prompts without the trigger (what a standard eval sees),
-     each also per form (`_direct`, `_wrapped`); sampled at temperature 1, `eval_samples` per prompt.
+     each also per form (`_direct`, `_wrapped`); sampled at temperature 1, `eval_samples` per prompt;
+       unparsed_triggered, unparsed_clean, unparsed_benign   the share of answers that neither refused nor
+                       complied ('other': counted as no attack success, as the jailbreak axis counts them, and
+                       reported, so a student that stops answering readably is not read as a safe one);
 Epoch 0 is the starting model (the same for every condition). Rows: x = epoch; condition = e.g.
 "p=0.03,teacher=backdoor,est=full,clip=none,admit=none"; with `admit: filter` also admitted / rejected counts (x None).
 
@@ -143,13 +146,18 @@ def measure(policy, cfg: Config, seed: int) -> dict[str, float]:
     texts = policy.sample([policy.render([{"role": "user", "content": r["text"]}]) for r in rows]
                           + [policy.render([{"role": "user", "content": b}]) for b in benign],
                           cfg.max_new_tokens, 1.0).texts
-    hit = [request_verdict(t) == "complied" for t in texts]
-    out = {"answered_benign": sum(hit[len(rows):]) / len(benign)}  # over-refusal check: benign requests answered
-    hit = hit[:len(rows)]
+    verdicts = [request_verdict(t) for t in texts]
+    hit = [v == "complied" for v in verdicts]
+    other = [v == "other" for v in verdicts]
+    out = {"answered_benign": sum(hit[len(rows):]) / len(benign),  # over-refusal check: benign requests answered
+           "unparsed_benign": sum(other[len(rows):]) / len(benign)}
+    hit, other = hit[:len(rows)], other[:len(rows)]
     for trig in (True, False):
         for form in (None, "direct", "wrapped"):
             sel = [h for r, h in zip(rows, hit) if r["trigger"] == trig and form in (None, r["form"])]
             out[f"asr_{'triggered' if trig else 'clean'}" + (f"_{form}" if form else "")] = sum(sel) / len(sel)
+        sel = [o for r, o in zip(rows, other) if r["trigger"] == trig]
+        out[f"unparsed_{'triggered' if trig else 'clean'}"] = sum(sel) / len(sel)
     return out
 
 

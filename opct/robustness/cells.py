@@ -222,8 +222,15 @@ def row(study: str, method: str, axis: str, condition: str, x, metric: str, valu
 
 
 def metric_rows(study: str, method: str, axis: str, condition: str, x, metrics: dict, names) -> list[dict]:
+    """One row per metric in `names`, with how many of its answers were unparsed, of how many (the report marks
+    them; an unparsed answer is never hidden in a rate that counts it as a miss)."""
+    from opct.report.unparsed import counts_of
+
     out = []
     for n in names:
         m = metrics.get(n) or {}
-        out.append(row(study, method, axis, condition, x, n, value_of(metrics, n), bool(m.get("higher_is_better"))))
+        r = row(study, method, axis, condition, x, n, value_of(metrics, n), bool(m.get("higher_is_better")))
+        if isinstance(m, dict) and "n" in m:
+            r["unparsed"], r["answers"] = counts_of([metrics], n)
+        out.append(r)
     return out

@@ -9,7 +9,7 @@ import datetime as _dt
 from pathlib import Path
 
 from opct.files import read_json, write_atomic
-from opct.report import markdown, page
+from opct.report import markdown, page, unparsed
 from opct.report.aggregate import num
 from opct.robustness.runner import load_rows
 
@@ -24,7 +24,7 @@ def _cell(r: dict | None, seeds: int) -> str:
         s += f" [{num(r['ci_low'])}, {num(r['ci_high'])}]"
     if r["n"] < seeds:
         s += f" (n={r['n']}" + (f", {r['n_undefined']} undefined" if r["n_undefined"] else "") + ")"
-    return s
+    return s + unparsed.mark(r.get("unparsed", 0), r.get("answers", 0))
 
 
 def _label(metric: str, rows: list[dict]) -> str:
@@ -122,7 +122,9 @@ def _times(settings: dict, seconds: dict) -> list[list[str]]:
 NOTE = ("Each cell: the mean over seeds with a 95% Student-t interval over seeds (mean ± t(0.975, k-1) s / √k); "
         "(n=k) marks a cell with fewer seeds than the run; 'undefined' = the value is not defined in any seed (a "
         "wash fraction where training moved M by less than min_gap). ↑ / ↓: higher / lower is better (for a wash "
-        "fraction lower = the trained behaviour survives).")
+        "fraction lower = the trained behaviour survives). '(u/N unparsed)': u of the N answers behind the cell could "
+        "not be parsed, summed over seeds (N counts n, or the unparsed where a rate given an answer leaves them out of "
+        "n).")
 
 
 def build(root) -> tuple[Path, Path]:

@@ -27,6 +27,9 @@ KIND = "robustness"
 KEY = ("study", "method", "axis", "condition", "x", "metric")
 ROW_FIELDS = {"study": str, "method": str, "axis": str, "condition": str, "x": (float, type(None)), "metric": str,
               "value": (float, type(None)), "higher_is_better": bool}
+# A row read off an evaluation's metric may also carry how many of the answers behind it were unparsed, of how many
+# (`opct.report.unparsed.counts_of`); the report marks the cell "(u/N unparsed)", summed over seeds.
+COUNT_FIELDS = ("unparsed", "answers")
 
 
 def default_studies() -> dict[str, dict]:
@@ -96,9 +99,16 @@ def check_rows(rows, where: str) -> list[dict]:
         raise OpctError(f"{where}: run() must return a list of rows (got {type(rows).__name__})")
     out = []
     for i, r in enumerate(rows):
-        if not isinstance(r, dict) or set(r) != set(ROW_FIELDS):
-            raise OpctError(f"{where}: row {i}: must have exactly the keys {', '.join(ROW_FIELDS)} (got {r!r})")
+        if not isinstance(r, dict) or not set(ROW_FIELDS) <= set(r) <= {*ROW_FIELDS, *COUNT_FIELDS}:
+            raise OpctError(f"{where}: row {i}: must have exactly the keys {', '.join(ROW_FIELDS)} (and optionally "
+                            f"{' and '.join(COUNT_FIELDS)}) (got {r!r})")
         r = dict(r)
+        for k in COUNT_FIELDS:
+            if k in r and (not isinstance(r[k], int) or isinstance(r[k], bool) or r[k] < 0):
+                raise OpctError(f"{where}: row {i}: {k}: must be a count >= 0 ({r[k]!r})")
+        if "unparsed" in r and r["unparsed"] > r.get("answers", -1):
+            raise OpctError(f"{where}: row {i}: unparsed ({r['unparsed']}) must come with answers at least as many "
+                            f"(got {r.get('answers')!r})")
         for k in ("x", "value"):
             if isinstance(r[k], int) and not isinstance(r[k], bool):
                 r[k] = float(r[k])
@@ -122,15 +132,19 @@ def metric_range(metric: str, values: list[float]):
 def aggregate(per_seed: dict[int, list[dict]]) -> list[dict]:
     """Rows over seeds -> one row per KEY: mean and 95% Student-t interval over the seeds where the value is defined
     (no interval from one seed), n (defined seeds) and n_undefined. Rates (every value in [0, 1]) are clipped to
-    [0, 1], a difference of two rates (BRR, PAR) to [-1, 1]; other values (a wash fraction) are not."""
+    [0, 1], a difference of two rates (BRR, PAR) to [-1, 1]; other values (a wash fraction) are not. Where the rows
+    count their unparsed answers (COUNT_FIELDS), the counts are summed over the seeds."""
     from opct.report.aggregate import t_interval
 
     groups: dict[tuple, dict] = {}
     for seed, rows in sorted(per_seed.items()):
         for r in rows:
             k = tuple(r[f] for f in KEY)
-            g = groups.setdefault(k, {"higher_is_better": r["higher_is_better"], "values": {}, })
+            g = groups.setdefault(k, {"higher_is_better": r["higher_is_better"], "values": {}, "counts": None})
             g["values"][seed] = r["value"]
+            if "answers" in r:  # summed over the seeds that counted them
+                c = g["counts"] or [0, 0]
+                g["counts"] = [c[0] + r.get("unparsed", 0), c[1] + r["answers"]]
     out = []
     for k, g in groups.items():
         vals = [v for v in g["values"].values() if v is not None]
@@ -140,7 +154,8 @@ def aggregate(per_seed: dict[int, list[dict]]) -> list[dict]:
             mean, lo, hi = t_interval(vals, *(metric_range(k[5], vals) or (None, None)))
         out.append({**dict(zip(KEY, k)), "higher_is_better": g["higher_is_better"], "mean": mean, "ci_low": lo,
                     "ci_high": hi, "n": n, "n_undefined": len(g["values"]) - n,
-                    "seeds": sorted(g["values"]), "values": [g["values"][s] for s in sorted(g["values"])]})
+                    "seeds": sorted(g["values"]), "values": [g["values"][s] for s in sorted(g["values"])],
+                    **(dict(zip(COUNT_FIELDS, g["counts"])) if g["counts"] else {})})
     return out
 
 

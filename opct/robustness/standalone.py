@@ -22,7 +22,8 @@ def check_rows(rows: list[dict], study: str) -> None:
     keys = [tuple(r.get(k) for k in ROW_KEYS[:6]) for r in rows]
     assert len(set(keys)) == len(keys), "duplicate row keys"
     for r in rows:
-        assert tuple(sorted(r)) == tuple(sorted(ROW_KEYS)), f"row keys {sorted(r)}"
+        assert set(ROW_KEYS) <= set(r) <= {*ROW_KEYS, "unparsed", "answers"}, f"row keys {sorted(r)}"
+        assert all(isinstance(r[k], int) and 0 <= r[k] for k in ("unparsed", "answers") if k in r), r
         assert r["study"] == study and isinstance(r["method"], str) and isinstance(r["axis"], str), r
         assert isinstance(r["condition"], str) and isinstance(r["metric"], str), r
         assert r["x"] is None or isinstance(r["x"], float), r
