@@ -426,6 +426,10 @@ def test_reasons_study_rows_well_formed_and_identical_on_resume(tmp_path):
     assert {r["condition"] for r in rows} == {"base", "plain", "reason_masked"}
     assert {"sycophancy_rate[split=heldout]", "sycophancy_rate[split=train]", "transfer"} <= \
         {r["metric"] for r in rows}
+    # the evaluation's rates carry their unparsed answers, of how many (the report marks them); derived ones do not
+    rate = [r for r in rows if r["metric"] == "sycophancy_rate[split=heldout]"]
+    assert all(0 <= r["unparsed"] <= r["answers"] and r["answers"] > 0 for r in rate), rate
+    assert all("answers" not in r for r in rows if r["metric"] == "transfer")
     (out / "reason_masked" / "metrics.json").unlink()
     import shutil
 

@@ -106,6 +106,7 @@ def evaluate(policy, cfg: Config, seed: int) -> dict:
     from opct.axes import AXES
     from opct.evals.generate import Gen
     from opct.evals.run import run_axis
+    from opct.report.unparsed import counts_of
     from opct.world.judges import norm
 
     out = {}
@@ -115,6 +116,7 @@ def evaluate(policy, cfg: Config, seed: int) -> dict:
         m = AXES[axis].metrics(records, seed)
         for name, _, _ in metrics_of(axis):
             out[name] = m.get(name, {}).get("value")
+            out.setdefault(COUNTS, {})[name] = list(counts_of([m], name))
         marker = norm(AXES[axis].reason_marker)
         for split in ("train", "heldout"):
             rows = [r for r in records if r.get("split") == split and r.get("variant") != "clean"
@@ -139,14 +141,23 @@ def _transfer(base: dict, got: dict, axis: str) -> Optional[float]:
     return gain_held / gain_train if gain_train >= 0.05 else None
 
 
+# evaluate()'s {metric: [unparsed, answers]} (a metrics.json written before it has none: its rows carry no counts)
+COUNTS = "_unparsed"
+
+
 def _rows(condition: str, method: str, values: dict) -> list[dict]:
     hib = {n: h for axis in reason_axes() for n, h, _ in metrics_of(axis)}
+    counts = values.get(COUNTS) or {}
     rows = []
     for name, v in values.items():
+        if name == COUNTS:
+            continue
         axis, metric = name.split(".", 1)
         rows.append({"study": STUDY, "method": method, "axis": axis, "condition": condition, "x": None,
                      "metric": metric, "value": None if v is None else float(v),
                      "higher_is_better": hib.get(name, metric.startswith("transfer"))})
+        if name in counts:
+            rows[-1]["unparsed"], rows[-1]["answers"] = counts[name]
     return rows
 
 
