@@ -69,8 +69,9 @@ def launch(tmp, configs, *how, env=()):
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
            str(worker), json.dumps(configs)]
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **dict(env)}, capture_output=True,
-                          text=True, timeout=300)
+    # TMPDIR: the launcher's torchelastic_* folders stay in the test's folder, not in the machine's /tmp
+    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp), **dict(env)},
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     return time.perf_counter() - t0
 
