@@ -205,6 +205,22 @@ _LORA_FIELDS = {
 }
 
 
+def stable_adapter_config(folder) -> None:
+    """Write `folder/adapter_config.json` (peft's save_pretrained) with `target_modules` sorted. peft keeps the names
+    as a set (`all-linear` resolves to one) and writes them in set order, which changes with each process's string
+    hash seed: the same adapter saved again (a finished run resumed rewrites final/) got other bytes, so an eval that
+    fingerprints its adapter refused to resume on it (found 2026-12-07). No adapter there: nothing done."""
+    from opct.files import write_atomic
+
+    path = Path(folder) / "adapter_config.json"
+    if not path.exists():
+        return
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        write_atomic(path, json.dumps(config, indent=2, sort_keys=True))
+
+
 def _check_lora_fields(config: dict, path: Path) -> None:
     for key, (want, ok) in _LORA_FIELDS.items():
         if key in config and not ok(config[key]):

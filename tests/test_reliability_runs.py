@@ -792,3 +792,25 @@ def test_a_teacher_model_that_is_no_directory_is_named_by_its_flag(tmp_path, mod
     err = cli_error(capsys, _train_args(model_dir, pairs_file, tmp_path / "run", "--max-steps", "1",
                                         "--teacher-model", str(missing)))
     assert err.startswith(f"opct: error: --teacher-model '{missing}': not a directory (give a subject"), err
+
+
+def test_a_finished_run_resumed_rewrites_final_with_the_same_bytes_whatever_the_hash_seed(tmp_path, model_dir,
+                                                                                            pairs_file):
+    """peft writes `target_modules` in set order, which follows the process's string hash seed: a finished LoRA run
+    resumed rewrote final/adapter_config.json with the names in another order, and an eval resumed on that adapter
+    was refused ("holds other contents than when the run started"); a wash-out study killed between a dose's wash
+    and its evaluation could never be resumed (found 2026-12-07)."""
+    out = tmp_path / "run"
+    argv = _train_args(model_dir, pairs_file, out, "--max-steps", "1", "--no-progress")
+
+    def train(seed: str, *extra):
+        done = subprocess.run([sys.executable, "-m", "opct.cli", *argv, *extra], capture_output=True, text=True,
+                              env={**_env(), "PYTHONHASHSEED": seed}, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return {p.relative_to(out / "final"): p.read_bytes() for p in (out / "final").rglob("*") if p.is_file()}
+
+    first = train("1")
+    names = json.loads(first[Path("adapter_config.json")])["target_modules"]
+    assert isinstance(names, list) and names == sorted(names) and len(names) > 1
+    for seed in ("2", "3", "4"):
+        assert train(seed, "--resume") == first

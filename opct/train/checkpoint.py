@@ -41,6 +41,7 @@ import torch
 
 from opct import files
 from opct.errors import OpctError, first_line, os_problem
+from opct.modeldir import stable_adapter_config
 
 PREFIX = "step-"
 
@@ -157,6 +158,7 @@ def save_checkpoint(run_dir, step: int, accelerator, model, optimizer, scheduler
             unwrapped = accelerator.unwrap_model(model)
             sub = "adapter" if hasattr(unwrapped, "peft_config") else "model"
             unwrapped.save_pretrained(tmp / sub, safe_serialization=True)
+            stable_adapter_config(tmp / sub)  # the same adapter, the same bytes (whatever the hash seed)
             if not sharded.is_deepspeed(accelerator):
                 torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")

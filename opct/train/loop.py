@@ -32,7 +32,7 @@ import torch
 from opct import cpu_matmul, files
 from opct.config import require
 from opct.errors import OpctError
-from opct.modeldir import non_finite
+from opct.modeldir import non_finite, stable_adapter_config
 from opct.pairs.schema import Pair, load_pairs
 from opct.policy import HFPolicy, hf_progress_bars, load_policy
 from opct.train.checkpoint import (checkpoints, good_checkpoint, latest_checkpoint, resume, rng_kept, save_checkpoint,
@@ -330,6 +330,7 @@ def _save_final(out: Path, acc, model, policy: HFPolicy) -> None:
             shutil.rmtree(tmp)
         try:
             acc.unwrap_model(model).save_pretrained(tmp, safe_serialization=True)
+            stable_adapter_config(tmp)
             policy.tokenizer.save_pretrained(tmp)
         except Exception as e:  # noqa: BLE001 - a full disk, reported by safetensors in its own words
             shutil.rmtree(tmp, ignore_errors=True)
