@@ -169,6 +169,25 @@ def test_standalone_summary_clips_intervals_as_the_runner_does():
     assert "0.150 [-1.756, 2.056]" in lines["sycophancy.wash_fraction[sycophancy_rate]"]  # not clipped
 
 
+@pytest.mark.parametrize("metric", ["transfer", "pairs_poisoned", "admission_teacher_bad", "wash_fraction:x"])
+def test_ratios_and_counts_are_not_clipped_like_rates(metric):
+    """A reasons `transfer` (held-out gain / train gain) whose two seeds gave 0.1 and 0.5 read 0.3 [0.000, 1.000],
+    while seeds giving 0.1 and 1.2 read 0.65 [-6.34, 7.64]: the interval was clipped to [0, 1] whenever the values
+    happened to fall there (a backdoor pair count likewise). Ratios and counts keep their interval; a rate's is
+    clipped."""
+    from opct.report.aggregate import t975
+    from opct.robustness.cells import row
+    from opct.robustness.runner import aggregate
+
+    def interval(name):
+        return aggregate({s: [row("reasons", "bct", "sycophancy", "c", None, name, v, True)]
+                          for s, v in enumerate((0.1, 0.5))})[0]
+    half = t975(1) * (0.4 / 2 ** 0.5) / 2 ** 0.5
+    r = interval(metric)
+    assert (r["ci_low"], r["ci_high"]) == (pytest.approx(0.3 - half), pytest.approx(0.3 + half))
+    assert (interval("asr_clean")["ci_low"], interval("asr_clean")["ci_high"]) == (0.0, 1.0)
+
+
 def test_wash_doses_are_prefixes_of_one_run_equal_to_separate_runs(test_organism, tmp_path):
     """The study evaluates dose d after continuing one wash run to d; that must equal a separate d-example run from
     the trained adapter (constant lr, same data stream)."""

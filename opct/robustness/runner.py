@@ -121,12 +121,18 @@ def check_rows(rows, where: str) -> list[dict]:
     return out
 
 
+# The studies' metrics that are no rate: ratios and counts, whose interval is never clipped (a study adding one lists
+# its name's start here). Until 2026-12-07 only the wash fraction was: a reasons `transfer` (held-out gain / train
+# gain, unbounded) or a backdoor count whose values fell in [0, 1] in every seed had its interval clipped to [0, 1].
+UNBOUNDED = ("wash_fraction", "transfer", "pairs_", "admission_")
+
+
 def metric_range(metric: str, values: list[float]):
     """The range a robustness metric's interval is clipped to: [0, 1] for rates (every value in [0, 1]), [-1, 1] for
-    a difference of two rates (BRR, PAR); None (not clipped) for a wash fraction and other unbounded values."""
+    a difference of two rates (BRR, PAR); None (not clipped) for the ratios and counts of `UNBOUNDED`."""
     from opct.report.aggregate import value_range
 
-    return None if metric.startswith("wash_fraction") else value_range(metric, values)
+    return None if metric.startswith(UNBOUNDED) else value_range(metric, values)
 
 
 def aggregate(per_seed: dict[int, list[dict]]) -> list[dict]:
