@@ -214,6 +214,24 @@ def test_wash_doses_are_prefixes_of_one_run_equal_to_separate_runs(test_organism
     assert len(rows) == 16 and all(r["response"].endswith(".") for r in rows)
 
 
+def test_the_wash_continues_an_adapter_with_its_own_lora_settings(test_organism, tmp_path):
+    """A study whose `train.lora_r` was 4 trained, then failed at its first wash: "--lora-r 16: the adapter of
+    --init-adapter ... has lora_r 4", flags the user never gave (the wash took the default rank)."""
+    from opct.robustness.washout import Config, wash_config, write_wash_data
+    from opct.train.loop import train
+
+    cfg = Config(wash_batch_size=4, doses=[0, 4], train={"max_new_tokens": 16, "lora_r": 4, "lora_alpha": 8,
+                                                         "lora_targets": "q_proj,v_proj"})
+    _train(test_organism, _pairs(tmp_path), tmp_path / "trained", lora_r=4, lora_alpha=8.0,
+           lora_targets="q_proj,v_proj", max_steps=1)
+    pairs, targets = write_wash_data(4, 0, tmp_path / "wash-data")
+    wc = wash_config(cfg, str(test_organism), str(tmp_path / "trained" / "final"), pairs, targets,
+                     tmp_path / "wash", 4, 0)
+    assert (wc.lora_r, wc.lora_alpha, wc.lora_targets) == (4, 8.0, "q_proj,v_proj")
+    train(wc)
+    assert json.loads((tmp_path / "wash" / "final" / "adapter_config.json").read_text())["r"] == 4
+
+
 # ------------------------------------------------------------------------------------------------ the runner
 
 def _study_file(tmp_path, organism, **over) -> Path:

@@ -142,12 +142,18 @@ def write_wash_data(n: int, seed: int, out: Path) -> tuple[Path, Path]:
 
 
 def wash_config(cfg: Config, trained_model: str, trained_adapter: str | None, pairs: Path, targets: Path,
-                out: Path, dose: int, seed: int) -> TrainConfig:
-    """Benign SFT to `dose` examples, continuing the trained adapter (LoRA) or weights (full fine-tuning)."""
+                out: Path, dose: int, seed: int, trained: TrainConfig | None = None) -> TrainConfig:
+    """Benign SFT to `dose` examples, continuing the trained adapter (LoRA) or weights (full fine-tuning). The
+    adapter keeps the rank, alpha and targets it was trained with (`trained`, the cell's TrainConfig; default: the
+    study's `train` block): a study whose `train.lora_r` was not the default failed at its first wash, naming
+    --lora-r and --init-adapter, flags nobody gave (found 2026-12-07)."""
     lora = trained_adapter is not None
+    t = trained or cfg.train
     return TrainConfig(method="sft", model=trained_model, pairs=str(pairs), targets=str(targets), out=str(out),
                        seed=seed, max_steps=dose // cfg.wash_batch_size, batch_size=cfg.wash_batch_size,
                        lr=cfg.wash_lr, lr_schedule="constant", warmup_steps=0, lora=lora,
+                       lora_r=t.lora_r, lora_alpha=t.lora_alpha, lora_targets=t.lora_targets,
+                       trust_remote_code=t.trust_remote_code, cpu_matmul=t.cpu_matmul,
                        init_adapter=trained_adapter or "", max_new_tokens=cfg.train.max_new_tokens,
                        save_every=max(1, dose // cfg.wash_batch_size), keep_checkpoints=1,
                        progress=cfg.train.progress)
@@ -181,7 +187,7 @@ def run(cfg: Config, seed: int, out: Path, log) -> list[dict]:
                 if not done.exists():
                     # continue the wash to this dose (a no-op past the checkpoint of this very dose, when a kill
                     # came between the training and the evaluation)
-                    wc = wash_config(cfg, model_dir, adapter, pairs_w, targets_w, d / "wash", dose, seed)
+                    wc = wash_config(cfg, model_dir, adapter, pairs_w, targets_w, d / "wash", dose, seed, tc)
                     C.check_not_past(d / "wash", wc.max_steps, f"washout seed {seed}: {method} on {axis}, dose {dose}",
                                      [d / f"dose-{x}" for x in cfg.doses if x > dose])
                     log(f"  wash {method} on {axis}: to {dose} benign examples")
