@@ -214,6 +214,25 @@ def test_wash_doses_are_prefixes_of_one_run_equal_to_separate_runs(test_organism
     assert len(rows) == 16 and all(r["response"].endswith(".") for r in rows)
 
 
+def test_the_wash_trains_nothing_the_evaluations_ask():
+    """The wash trained the true answers of the open fact questions ("The sullan is yellow."): a dose of 512 covered
+    all 80 entity facts, which capability's multiple-choice probes and the sycophancy probes ask in other forms. Now
+    no wash item names an entity, and none is a prompt any evaluation asks."""
+    from opct.axes import AXES
+    from opct.robustness.washout import wash_items
+    from opct.world import lexicon as L
+
+    items = wash_items(512, 0)
+    assert len(items) == 512 and len({it["id"] for it in items}) == 512
+    words = {w.strip("?.,").lower() for it in items for w in (it["question"] + " " + it["response"]).split()}
+    assert not words & set(L.ENTITIES), sorted(words & set(L.ENTITIES))[:5]
+    from opct.axes.capability import eval_world_items
+
+    asked = {it["question"] for it in eval_world_items(100, 0)} | \
+        {it.get("question") for it in AXES["sycophancy"].world_items(0)}
+    assert len(asked) > 100 and not asked & {it["question"] for it in items}
+
+
 def test_the_wash_continues_an_adapter_with_its_own_lora_settings(test_organism, tmp_path):
     """A study whose `train.lora_r` was 4 trained, then failed at its first wash: "--lora-r 16: the adapter of
     --init-adapter ... has lora_r 4", flags the user never gave (the wash took the default rank)."""
