@@ -159,10 +159,17 @@ def aggregate(per_seed: dict[int, list[dict]]) -> list[dict]:
     return out
 
 
-def _study_changes(name: str, saved: dict, now: dict) -> list[str]:
-    """What differs in one study's settings, field by field; inside its `train` / `eval` blocks, key by key. A field
-    added to the study's Config, TrainConfig or EvalConfig after the run started counts as its default (so a run
-    started before a new option existed resumes)."""
+# What a study's settings may change on a rerun: its progress bars, and the blocks' model, out and seed (the study
+# sets them itself, per cell)
+MAY_CHANGE = ("progress", "train.progress", "eval.progress") + tuple(
+    f"{b}.{f}" for b in ("train", "eval") for f in ("model", "out", "seed"))
+
+
+def study_changes(name: str, saved: dict, now: dict, may_change=MAY_CHANGE) -> list[str]:
+    """What differs in one study's settings (its Config as a mapping), field by field; inside its `train` / `eval`
+    blocks, key by key. A field added to the study's Config, TrainConfig or EvalConfig after the run started counts
+    as its default (so a run started before a new option existed resumes). Also a study run alone
+    (`opct.robustness.standalone`) is checked with it."""
     from opct.config import block_defaults, defaults_of
     from opct.evals.run import EvalConfig
     from opct.robustness.studies import STUDIES
@@ -170,11 +177,12 @@ def _study_changes(name: str, saved: dict, now: dict) -> list[str]:
 
     module = STUDIES.get(name)
     defaults = defaults_of(module.Config) if module is not None and hasattr(module, "Config") else {}
-    # the runner sets the blocks' model, out and seed itself
-    runner_set = ("model", "progress", "train.progress", "eval.progress") + tuple(
-        f"{b}.{f}" for b in ("train", "eval") for f in ("model", "out", "seed"))
-    return [f"studies.{name}.{c}" for c in
-            changes(saved, now, runner_set, {**defaults, **block_defaults(saved, train=TrainConfig, eval=EvalConfig)})]
+    return changes(saved, now, may_change, {**defaults, **block_defaults(saved, train=TrainConfig, eval=EvalConfig)})
+
+
+def _study_changes(name: str, saved: dict, now: dict) -> list[str]:
+    """`study_changes` of a study of a robustness file, named under `studies.NAME.` (the runner sets its model)."""
+    return [f"studies.{name}.{c}" for c in study_changes(name, saved, now, ("model", *MAY_CHANGE))]
 
 
 def _previous(root: Path, resolved: dict) -> dict:
