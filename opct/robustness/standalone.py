@@ -3,7 +3,8 @@
 else the whole file) holds the study's `Config` fields; `--quick` puts the study's QUICK on top. Rows go to
 OUT/rows.jsonl; a summary (mean and 95% t-interval over seeds of every metric at the last x) is printed. A rerun
 resumes (finished pieces are kept); its settings are recorded in OUT/settings.json, and a rerun into the same OUT with
-other settings is refused naming the changed fields (more seeds are fine), as `opct run` refuses it. Every study of `opct.robustness.studies.STUDIES` runs this way."""
+other settings is refused naming the changed fields (more seeds are fine), as `opct run` refuses it. Every study of
+`opct.robustness.studies.STUDIES` runs this way."""
 
 from __future__ import annotations
 
