@@ -590,6 +590,27 @@ def test_report_only_refuses_the_flags_it_would_ignore(tmp_path, capsys):
     assert main(["audit", "--out", str(out), "--report-only"]) == 0 and (out / "summary.json").exists()
 
 
+def test_report_only_refuses_the_config_fields_it_would_ignore(tmp_path, capsys):
+    """Before 2026-12-07 `opct audit CFG --report-only --out OUT` with `eval_n: 5` (or other methods) in CFG exited 0
+    with OUT/config.json's report, where `--eval-n 5` beside --report-only was refused: a CONFIG field that differs
+    from OUT/config.json's is refused by name; the file the audit ran with (its fields equal) rebuilds the report."""
+    out = _finished_audit(tmp_path / "a")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"organisms: [{RH.NAME}]\nmethods: [k1]\nseeds: [0]\neval_n: 5\nft_lr: 0.0003\n")
+    err = cli_error(capsys, ["audit", str(cfg), "--out", str(out), "--report-only"])
+    assert err == (f"opct: error: {cfg}: eval_n (200 -> 5), methods (['bct'] -> ['k1']): differs from the audit in "
+                   f"{out} ({out / 'config.json'}), whose report --report-only rebuilds; it would be ignored: drop "
+                   f"CONFIG (or the field), or run the audit without --report-only")
+    assert not (out / "summary.json").exists()
+    cfg.write_text(f"organisms: [{RH.NAME}]\nmethods: [bct]\nseeds: [0]\nft_lr: 0.0003\nout: elsewhere\n")
+    from opct.cli import main
+
+    assert main(["audit", str(cfg), "--out", str(out), "--report-only"]) == 0 and (out / "summary.json").exists()
+    (out / "config.json").unlink()  # damaged: nothing to check the file's fields against
+    assert "cannot be checked against the audit in" in cli_error(capsys, ["audit", str(cfg), "--out", str(out),
+                                                                        "--report-only"])
+
+
 def _edited(rows, line, path, value):
     """`rows` (records) with `path` (dotted) of record `line` (1-based) set to `value`, as results.jsonl lines."""
     rows = json.loads(json.dumps(rows))
