@@ -65,6 +65,7 @@ class RobustnessConfig:
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("seeds", "must not repeat")
         self.built = {}
+        self.source = "robustness file"  # the file it was read from (load_robustness), to name in a late error
         for name, block in self.studies.items():
             if name not in STUDIES:
                 raise ConfigError("studies", f"unknown study {name!r}; known: {', '.join(STUDIES)}")
@@ -90,7 +91,9 @@ def _merge(block: dict, quick: dict) -> dict:
 def load_robustness(path, args=None, **overrides) -> RobustnessConfig:
     from opct.config import build_config
 
-    return build_config(RobustnessConfig, args, path, None, **overrides)
+    cfg = build_config(RobustnessConfig, args, path, None, **overrides)
+    cfg.source = str(path)
+    return cfg
 
 
 def check_rows(rows, where: str) -> list[dict]:
@@ -227,7 +230,7 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
     from opct.experiment.runner import resolve_model
     from opct.policy import count_parameters, cpu_threads
     from opct.robustness.studies import STUDIES
-    from opct.robustness.cells import train_config
+    from opct.robustness.cells import UnknownMetric, train_config
     from opct.train.loop import check_samplers
 
     # before any cell runs: every method of a study that trains from a shared `train` block (replay, washout)
@@ -266,7 +269,10 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
                 continue
             say(f"{name} seed {seed} ({time.time() - t_start:.0f} s into the run)")
             t0 = time.time()
-            rows = check_rows(STUDIES[name].run(configs[name], seed, d, lambda m: say(m)), f"study {name}")
+            try:
+                rows = check_rows(STUDIES[name].run(configs[name], seed, d, lambda m: say(m)), f"study {name}")
+            except UnknownMetric as e:  # a field of the file that only the evaluation could check: named in it
+                raise OpctError(f"{cfg.source}: {e.under(f'studies.{name}')}") from None
             seconds = round(time.time() - t0, 1)
             write_json_atomic(d / "rows.json", {"study": name, "seed": seed, "seconds": seconds, "rows": rows})
             say(f"{name} seed {seed}: {len(rows)} rows in {seconds:.0f} s")

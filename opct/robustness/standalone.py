@@ -119,6 +119,7 @@ def main(study_module, argv=None) -> int:
     from opct.config import construct, load_config_file, seed_arg
     from opct.errors import OpctError, user_message
     from opct.flags import OnceList, path_arg
+    from opct.robustness.cells import UnknownMetric
 
     name = study_module.__name__.rsplit(".", 1)[-1]
     ap = argparse.ArgumentParser(prog=f"python -m {study_module.__name__}", description=__doc__)
@@ -152,7 +153,10 @@ def main(study_module, argv=None) -> int:
         rows = []
         for seed in args.seeds:
             t0 = time.time()
-            got = study_module.run(cfg, seed, out / f"seed{seed}", print)
+            try:
+                got = study_module.run(cfg, seed, out / f"seed{seed}", print)
+            except UnknownMetric as e:  # a field of the file that only the evaluation could check: named in it
+                raise OpctError(f"{args.config}: {e.under(prefix)}") from None
             check_rows(got, name)
             rows += got
             print(f"{name} seed {seed}: {len(got)} rows in {time.time() - t0:.0f} s")
