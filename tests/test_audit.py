@@ -390,6 +390,26 @@ def test_a_paired_difference_of_changes_keeps_its_range():
     assert _paired({0: -0.9, 1: -0.7}, {0: 0.9, 1: 0.1})["ci_low"] == -2.0  # the t interval runs past -2: clipped
 
 
+def test_coherence_shares_keep_their_range_and_say_over_how_many_seeds(tmp_path):
+    """Every coherence measure's interval was clipped to [-100, 100], so a share printed `0.792 [-1.855, +3.439]`;
+    and a mean over the seeds where it is defined (no misaligned sample: undefined) read as one over all. Now the
+    shares (agreement, forms, misaligned, unparsed) are clipped to [0, 1] as every audit rate, margin (a difference of
+    log-probs) is not, and the organism table says "(k of N seeds)" where fewer than all."""
+    from opct.audit.render import markdown
+
+    rows = _cell_rows(RH.NAME, "bct", [0.0, 0.0, 0.0])
+    for (org, _), agreement, margin in zip(rows, (0.1, 0.95, None), (-40.0, 60.0, 90.0)):
+        org["coherence"].update(agreement=agreement, forms=[0.05, 0.9, 1.0][org["seed"]], margin=margin)
+    s = _summary(tmp_path, [rows])
+    coh = s["organisms"][RH.NAME]["coherence"]
+    assert coh["agreement"]["n_seeds"] == 2 and (coh["agreement"]["ci_low"], coh["agreement"]["ci_high"]) == (0, 1)
+    assert 0 <= coh["forms"]["ci_low"] < coh["forms"]["ci_high"] <= 1 and coh["forms"]["n_seeds"] == 3
+    assert coh["margin"]["ci_low"] < -100 and coh["margin"]["ci_high"] > 100  # unbounded: not clipped
+    line = next(x for x in markdown(s).splitlines() if x.startswith(f"| {RH.NAME} "))
+    assert "0.525 [+0.000, +1.000] (2 of 3 seeds)" in line, line
+    assert "of 3 seeds" not in line.split("(2 of 3 seeds)")[1], line  # margin and forms: every seed
+
+
 def test_a_collapse_is_never_counted_as_suppression(tmp_path):
     from opct.audit.findings import pooled
 
