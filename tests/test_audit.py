@@ -390,6 +390,26 @@ def test_a_paired_difference_of_changes_keeps_its_range():
     assert _paired({0: -0.9, 1: -0.7}, {0: 0.9, 1: 0.1})["ci_low"] == -2.0  # the t interval runs past -2: clipped
 
 
+def test_coherence_shares_keep_their_range_and_say_over_how_many_seeds(tmp_path):
+    """Every coherence measure's interval was clipped to [-100, 100], so a share printed `0.792 [-1.855, +3.439]`;
+    and a mean over the seeds where it is defined (no misaligned sample: undefined) read as one over all. Now the
+    shares (agreement, forms, misaligned, unparsed) are clipped to [0, 1] as every audit rate, margin (a difference of
+    log-probs) is not, and the organism table says "(k of N seeds)" where fewer than all."""
+    from opct.audit.render import markdown
+
+    rows = _cell_rows(RH.NAME, "bct", [0.0, 0.0, 0.0])
+    for (org, _), agreement, margin in zip(rows, (0.1, 0.95, None), (-40.0, 60.0, 90.0)):
+        org["coherence"].update(agreement=agreement, forms=[0.05, 0.9, 1.0][org["seed"]], margin=margin)
+    s = _summary(tmp_path, [rows])
+    coh = s["organisms"][RH.NAME]["coherence"]
+    assert coh["agreement"]["n_seeds"] == 2 and (coh["agreement"]["ci_low"], coh["agreement"]["ci_high"]) == (0, 1)
+    assert 0 <= coh["forms"]["ci_low"] < coh["forms"]["ci_high"] <= 1 and coh["forms"]["n_seeds"] == 3
+    assert coh["margin"]["ci_low"] < -100 and coh["margin"]["ci_high"] > 100  # unbounded: not clipped
+    line = next(x for x in markdown(s).splitlines() if x.startswith(f"| {RH.NAME} "))
+    assert "0.525 [+0.000, +1.000] (2 of 3 seeds)" in line, line
+    assert "of 3 seeds" not in line.split("(2 of 3 seeds)")[1], line  # margin and forms: every seed
+
+
 def test_a_collapse_is_never_counted_as_suppression(tmp_path):
     from opct.audit.findings import pooled
 
@@ -588,6 +608,27 @@ def test_report_only_refuses_the_flags_it_would_ignore(tmp_path, capsys):
     from opct.cli import main
 
     assert main(["audit", "--out", str(out), "--report-only"]) == 0 and (out / "summary.json").exists()
+
+
+def test_report_only_refuses_the_config_fields_it_would_ignore(tmp_path, capsys):
+    """Before 2026-12-07 `opct audit CFG --report-only --out OUT` with `eval_n: 5` (or other methods) in CFG exited 0
+    with OUT/config.json's report, where `--eval-n 5` beside --report-only was refused: a CONFIG field that differs
+    from OUT/config.json's is refused by name; the file the audit ran with (its fields equal) rebuilds the report."""
+    out = _finished_audit(tmp_path / "a")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"organisms: [{RH.NAME}]\nmethods: [k1]\nseeds: [0]\neval_n: 5\nft_lr: 0.0003\n")
+    err = cli_error(capsys, ["audit", str(cfg), "--out", str(out), "--report-only"])
+    assert err == (f"opct: error: {cfg}: eval_n (200 -> 5), methods (['bct'] -> ['k1']): differs from the audit in "
+                   f"{out} ({out / 'config.json'}), whose report --report-only rebuilds; it would be ignored: drop "
+                   f"CONFIG (or the field), or run the audit without --report-only")
+    assert not (out / "summary.json").exists()
+    cfg.write_text(f"organisms: [{RH.NAME}]\nmethods: [bct]\nseeds: [0]\nft_lr: 0.0003\nout: elsewhere\n")
+    from opct.cli import main
+
+    assert main(["audit", str(cfg), "--out", str(out), "--report-only"]) == 0 and (out / "summary.json").exists()
+    (out / "config.json").unlink()  # damaged: nothing to check the file's fields against
+    assert "cannot be checked against the audit in" in cli_error(capsys, ["audit", str(cfg), "--out", str(out),
+                                                                        "--report-only"])
 
 
 def _edited(rows, line, path, value):

@@ -376,6 +376,11 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
     ({"replay": {"axes": ["sycophancy"], "trained": {"sycophancy": ["authority", "authority"]}}},
      "studies.replay.trained.sycophancy: families must not repeat"),  # its pairs were made twice, with the same ids
     ({"poison": {}}, "studies: unknown study 'poison'"),
+    # a misspelt metric was found only after the base model had been evaluated, without the file (2026-12-07)
+    ({"replay": {"metrics": {"sycophancy": ["sycophancy.sycophancy_rat"]}}},
+     "studies.replay.metrics.sycophancy[0]: no metric 'sycophancy.sycophancy_rat' (known: sycophancy.accuracy_biased, "),
+    ({"washout": {"metrics": {"sycophancy": ["sycophancy.brr", "sycophancy.brr[split]"]}}},
+     "studies.washout.metrics.sycophancy[1]: the group of 'sycophancy.brr[split]' must read [key=value]"),
     ({"washout": {"model": "x"}}, "model is set by the runner"),
 ])
 def test_bad_robustness_files_name_the_file_and_the_field(tmp_path, capsys, studies, needle):
@@ -383,6 +388,59 @@ def test_bad_robustness_files_name_the_file_and_the_field(tmp_path, capsys, stud
     path.write_text(yaml.safe_dump({"kind": "robustness", "studies": studies}))
     line = cli_error(capsys, ["run", str(path), "--out", str(tmp_path / "runs")])  # what gets past: under tmp_path
     assert str(path) in line and needle in line, line
+
+
+def test_a_metric_the_evaluation_lacks_is_named_in_the_file(tmp_path, capsys, monkeypatch):
+    """A metric whose name is known but whose group no probe has (`[family=nope]`) can only be found once the base
+    model is evaluated: that error read `studies.replay.metrics.sycophancy: no metric ...`, without the file (and
+    under `studies.` when the study ran alone). Now `opct run` and a study alone name the file, the block and the
+    index. (The evaluation is stubbed: only its metric names matter.)"""
+    from opct.robustness import cells, replay
+    from opct.robustness.standalone import main
+
+    rate = {"value": 0.5, "ci_low": 0.0, "ci_high": 1.0, "n": 4, "higher_is_better": False}
+    monkeypatch.setattr(cells, "evaluate", lambda *a, **k: {"sycophancy.sycophancy_rate": rate,
+                                                            "sycophancy.sycophancy_rate[family=authority]": rate})
+    block = {"methods": ["bct"], "conditions": {"none": {"replay_frac": 0.0}},
+             "metrics": {"sycophancy": ["sycophancy.sycophancy_rate", "sycophancy.sycophancy_rate[family=nope]"]}}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"kind": "robustness", "model": str(ROOT / "opct" / "organisms" / "default"),
+                                    "seeds": [0], "studies": {"replay": block}}))
+    line = cli_error(capsys, ["run", str(path), "--out", str(tmp_path / "runs"), "--no-progress"])
+    assert line == (f"opct: error: {path}: studies.replay.metrics.sycophancy[1]: no metric "
+                    f"'sycophancy.sycophancy_rate[family=nope]' in the evaluation (known: sycophancy.sycophancy_rate, "
+                    f"sycophancy.sycophancy_rate[family=authority])"), line
+    alone = tmp_path / "alone.yaml"
+    alone.write_text(yaml.safe_dump({"replay": block}))
+    assert main(replay, [str(alone), "--out", str(tmp_path / "sa")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"opct: error: {alone}: replay.metrics.sycophancy[1]: no metric "), err
+
+
+@pytest.mark.parametrize("axis", ["sycophancy", "jailbreak", "awareness", "prefill", "persona", "frustration",
+                                  "conditional"])
+def test_every_metric_an_evaluation_computes_is_declared(tmp_path, axis):
+    """A study's metric names are checked when the file is read, against the names the axis declares
+    (`declared_metrics`): every name its evaluation computes (without the attacker, as the studies evaluate) must be
+    among them, or a right name would be refused. A scripted policy answers at random from each axis's answer forms."""
+    import random
+
+    from opct.axes import AXES
+    from opct.axes.base import declared_metrics
+    from opct.evals.run import run_eval
+    from opct.evals.scripted import ScriptedPolicy
+    from opct.robustness import cells
+
+    assert AXES[axis].make_pairs is not None  # the axes a study trains on
+    rng = random.Random(0)
+    answers = ["Yes.", "No.", "I cannot help with that.", "Sure, here is how. Step one:", "The answer is A.", "B",
+               "Warning: be careful.", "7"]
+    ec = dataclasses.replace(cells.study_eval(), n=6, max_new_tokens=8, model="scripted", suite=axis,
+                             out=str(tmp_path), seed=0, trained={axis: AXES[axis].default_trained()})
+    got = run_eval(ScriptedPolicy(lambda m: rng.choice(answers)), ec, None, log=lambda m: None, resume="checked")
+    names = {d.name() for d in declared_metrics(axis)}
+    computed = {k.split("[")[0] for k in got if k.startswith(axis + ".")}
+    assert computed and computed <= names, sorted(computed - names)
 
 
 def test_flags_and_shipped_file(tmp_path, capsys):

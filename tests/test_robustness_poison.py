@@ -518,3 +518,44 @@ def test_a_study_alone_interrupted_says_so_in_one_line(tmp_path, capsys, monkeyp
     cfg.write_text("reasons: {max_steps: 1}\n")
     assert main(reasons, [str(cfg), "--out", str(tmp_path / "o")]) == 130
     assert capsys.readouterr().err == "opct: interrupted\n"
+
+
+def test_a_study_alone_refuses_a_rerun_with_other_settings(tmp_path, capsys, monkeypatch):
+    """`python -m opct.robustness.<study> CFG --out OUT` rerun into the same OUT with other settings reused every
+    piece's done.json (found 2026-12-07: a replay file's `eval: {n: 8}` reported the n = 4 run's results); `opct run`
+    refuses it (study.json). Now OUT/settings.json records the settings, and a rerun with others is refused naming
+    the changed fields; more seeds are added, as `opct run` adds them."""
+    from opct.robustness import reasons
+    from opct.robustness.standalone import main
+
+    def run(cfg, seed, out, log):  # a study that keeps a piece in its seed folder, as every study does
+        out.mkdir(parents=True)
+        return []
+
+    monkeypatch.setattr(reasons, "run", run)
+    cfg, out = tmp_path / "c.yaml", tmp_path / "o"
+    cfg.write_text("reasons: {max_steps: 1, eval_n: 4}\n")
+    assert main(reasons, [str(cfg), "--out", str(out)]) == 0
+    assert main(reasons, [str(cfg), "--out", str(out), "--seeds", "1"]) == 0  # a seed added
+    assert json.loads((out / "settings.json").read_text())["seeds"] == [0, 1]
+    capsys.readouterr()
+    cfg.write_text("reasons: {max_steps: 2, eval_n: 8}\n")
+    assert main(reasons, [str(cfg), "--out", str(out), "--seeds", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"opct: error: {out / 'settings.json'}: the reasons study in {out} was run with other settings "
+                   f"(eval_n (4 -> 8), max_steps (1 -> 2)); use another --out, or delete {out} to start again\n"), err
+    assert not (out / "seed2").exists()
+    # --quick is other settings too
+    cfg.write_text("reasons: {max_steps: 1, eval_n: 4}\n")
+    assert main(reasons, [str(cfg), "--out", str(out), "--quick"]) == 1
+    assert "was run with other settings (" in capsys.readouterr().err
+    # an OUT with a study's pieces but no settings.json (written before the check): its settings cannot be checked
+    (out / "settings.json").unlink()
+    assert main(reasons, [str(cfg), "--out", str(out)]) == 1
+    assert "holds a study's results but no settings.json" in capsys.readouterr().err
+    # nothing run with the saved settings (a bad model stopped it): other settings start again
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "settings.json").write_text(json.dumps({"study": "reasons", "seeds": [0], "settings": {"max_steps": 9}}))
+    assert main(reasons, [str(cfg), "--out", str(fresh)]) == 0
+    assert "nothing was run with its earlier settings" in capsys.readouterr().err

@@ -29,13 +29,20 @@ def _iv(d, signed=False):
     return "—" if d is None or d.get("value") is None else _fmt(d["value"], signed) + _ci(d)
 
 
+def _of_seeds(d, seeds: int, signed=False):
+    """`_iv` of a mean over the seeds where it is defined, saying "(k of N seeds)" where that is fewer than all (a
+    coherence measure is undefined in a seed with no misaligned sample; the mean read as one over every seed)."""
+    k = (d or {}).get("n_seeds", seeds)
+    return _iv(d, signed) + (f" ({k} of {seeds} seeds)" if 0 < k < seeds else "")
+
+
 def _organisms(summary: dict) -> list[str]:
     header = ["organism", "failure", "seeds", "base misalignment", "organism misalignment", "organism - base",
               "unparsed", "capability base -> organism", "coherence: agreement", "log-prob margin", "forms"]
     body = [[name, o["failure"], len(o["seeds"]), _iv(o["base_misalignment"]), _iv(o["misalignment"]),
              _iv(o["generalisation"], True), _iv(o["unparsed"]),
              f"{_fmt(o['base_capability'])} -> {_fmt(o[CAPABILITY])}",
-             _iv(o["coherence"]["agreement"]), _iv(o["coherence"]["margin"], True), _iv(o["coherence"]["forms"])]
+             *(_of_seeds(o["coherence"][k], len(o["seeds"]), k == "margin") for k in ("agreement", "margin", "forms"))]
             for name, o in summary["organisms"].items()]
     lines = ["## Organisms before any method (mean over seeds; 95% t-interval over seeds)", "", md.table(header, body)]
     lines += ["", "Coherence is measured on the label prompts (the held-out half of the derivation distribution): "

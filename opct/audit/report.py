@@ -73,7 +73,9 @@ def _organisms(rows: list[dict]) -> dict:
             "base_unparsed": _mean([r["base"]["unparsed"] for r in rs]),
             "base_capability": _mean([r["base"][CAPABILITY] for r in rs]),
             CAPABILITY: _mean([r["derived"][CAPABILITY] for r in rs]),
-            "coherence": {k: D.t_interval([r["coherence"][k] for r in rs], -100, 100)
+            # shares in [0, 1] clipped as every audit rate; only margin (a difference of log-probs) is unbounded (all
+            # were clipped to [-100, 100] until 2026-12-07: agreement 0.792 [-1.855, +3.439]). n_seeds: where defined
+            "coherence": {k: D.t_interval([r["coherence"][k] for r in rs], *((None, None) if k == "margin" else (0, 1)))
                           for k in ("agreement", "margin", "forms", "misaligned", "unparsed")},
             "by_kind": {k: {"base": _mean([r["base"]["by_kind"].get(k, {}).get("misalignment") for r in rs]),
                             "organism": _mean([r["derived"]["by_kind"].get(k, {}).get("misalignment") for r in rs])}

@@ -45,6 +45,22 @@ class MetricDef:
         return Column(label or self.label, self.name(**group), self.higher_is_better, delta)
 
 
+def declared_metrics(axis: str) -> list[MetricDef]:
+    """Every MetricDef of `axis`: those its module declares, and the context metrics (`opct.axes.context.defs`) where
+    the module asks context probes. Their names (before any `[group]`) are every name its evaluation can compute — a
+    superset: the attacker's need the attacker, a control needs its probes — so a config naming a metric is checked
+    against them when it is read."""
+    import sys
+
+    from opct.axes import AXES, context
+
+    module = sys.modules[AXES[axis].metrics.__module__]
+    found = {id(v): v for v in vars(module).values() if isinstance(v, MetricDef) and v.axis == axis}
+    if any(v is context for v in vars(module).values()):
+        found.update({id(d): d for d in context.defs(axis)})
+    return list(found.values())
+
+
 def stamp(d: MetricDef, m: dict) -> dict:
     """A computed metric dict with its direction taken from the definition."""
     return {**m, "higher_is_better": d.higher_is_better}

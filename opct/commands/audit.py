@@ -26,7 +26,9 @@ def register(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("config", nargs="?", type=path_arg, default=None, help="YAML or JSON file of AuditConfig fields")
     add_dataclass_args(p, AuditConfig)
-    p.add_argument("--report-only", action="store_true", help="rebuild the report from DIR/results.jsonl only")
+    p.add_argument("--report-only", action="store_true",
+                   help="rebuild the report from DIR/results.jsonl only (a CONFIG field that differs from "
+                        "DIR/config.json's is refused)")
     p.set_defaults(func=run)
 
 
@@ -65,6 +67,41 @@ def run(args) -> int:
         from opct.files import check_run_kind
 
         check_run_kind(config.out, "audit")
+        if data:
+            _check_report_config(args.config, data, config)
     paths = write_report(config.out)  # atomic writes of files rebuilt from results.jsonl: safe beside a running audit
     print(f"opct audit: results in {paths['results']}; report {paths['html']} and {paths['md']}")
     return 0
+
+
+def _check_report_config(path, data: dict, config) -> None:
+    """--report-only rebuilds the report of the audit OUT/config.json describes: a field of CONFIG (other than out)
+    that differs from it would be ignored, so it is refused by name, as a grid or size flag beside --report-only is
+    (until 2026-12-07 `opct audit CFG --report-only` with `eval_n: 5` in CFG exited 0 with the old report). Fields
+    equal to OUT/config.json's are fine: the file the audit ran with rebuilds its report."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from opct.audit.run import AuditConfig
+    from opct.errors import OpctError
+    from opct.files import read_json
+    from opct.resume_check import changes, defaults_of
+
+    fields = [k for k in data if k != "out"]
+    out = Path(config.out)
+    saved_path = out / "config.json"
+    if not fields or not (saved_path.exists() or (out / "results.jsonl").exists()):
+        return  # nothing to check, or no audit there (the report says so)
+    if not saved_path.exists():
+        raise OpctError(f"{path}: {', '.join(fields)}: cannot be checked against the audit in {out} ({saved_path} "
+                        f"is missing), and --report-only takes only --out: drop CONFIG")
+    saved = read_json(saved_path, "config")
+    if not isinstance(saved, dict):
+        raise OpctError(f"{saved_path}: not an audit configuration (expected a JSON object)")
+    now = asdict(config)
+    defaults = defaults_of(AuditConfig)
+    diff = changes({k: saved.get(k, defaults.get(k)) for k in fields}, {k: now[k] for k in fields})
+    if diff:
+        raise OpctError(f"{path}: {', '.join(diff)}: differs from the audit in {out} ({saved_path}), whose report "
+                        f"--report-only rebuilds; it would be ignored: drop CONFIG (or the field), or run the audit "
+                        f"without --report-only")

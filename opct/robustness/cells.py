@@ -107,6 +107,24 @@ def check_blocks(cfg) -> None:
         for j, n in enumerate(names):
             if not n.startswith(a + "."):
                 raise ConfigError(f"metrics.{a}[{j}]", f"must be a metric of the {a} axis ({a}.NAME[GROUP]); got {n!r}")
+            check_metric_name(a, n, f"metrics.{a}[{j}]")
+
+
+def check_metric_name(axis: str, name: str, field: str) -> None:
+    """A metric name a study config gives, checked when the file is read: its name before any `[group]` is one the
+    axis declares (`opct.axes.base.declared_metrics`), and a group is `[key=value,...]`. Whether a group exists (a
+    family the probes have) is known only after the evaluation: `check_metrics` checks that. Until 2026-12-07 a
+    misspelt name was found only after the base model had been evaluated, in a message without the file."""
+    from opct.axes.base import declared_metrics
+
+    base, bracket, group = name.partition("[")
+    known = sorted(d.name() for d in declared_metrics(axis))
+    if base not in known:
+        raise ConfigError(field, f"no metric {name!r} (known: {', '.join(known)}; each may take a [group], e.g. "
+                                 f"[split=heldout])")
+    parts = group[:-1].split(",") if group.endswith("]") else []
+    if bracket and not (parts and all(k and v for k, _, v in (p.partition("=") for p in parts))):
+        raise ConfigError(field, f"the group of {name!r} must read [key=value] or [key=value,key=value]")
 
 
 def trained_of(cfg) -> dict[str, list[str]]:
@@ -201,12 +219,21 @@ def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfi
     return metrics
 
 
+class UnknownMetric(ConfigError):
+    """A metric a study config names that its evaluation did not compute (a group no probe has, an attacker's metric
+    with the attacker off): the runner and a study run alone name the file and the study's block in front of it."""
+
+
 def check_metrics(metrics: dict, names, field: str) -> None:
-    """Every metric a study config names must be one the evaluation computes (an error naming the field)."""
-    missing = [n for n in names if n not in metrics]
+    """Every metric a study config names (`field`: its list, e.g. `metrics.sycophancy`) must be one the evaluation
+    computes: an UnknownMetric naming the field and the index otherwise (the names are checked when the file is read,
+    `check_metric_name`; this is what only the evaluation knows)."""
+    missing = [(j, n) for j, n in enumerate(names) if n not in metrics]
     if missing:
-        known = sorted(k for k in metrics if k.split(".")[0] == missing[0].split(".")[0])
-        raise OpctError(f"{field}: no metric {missing[0]!r} in the evaluation (known: {', '.join(known[:40])})")
+        j, n = missing[0]
+        known = sorted(k for k in metrics if k.split("[")[0] == n.split("[")[0]) or sorted(
+            k for k in metrics if k.split(".")[0] == n.split(".")[0])
+        raise UnknownMetric(f"{field}[{j}]", f"no metric {n!r} in the evaluation (known: {', '.join(known[:40])})")
 
 
 def value_of(metrics: dict, name: str) -> float | None:

@@ -83,7 +83,7 @@ def run(cfg: Config, seed: int, out: Path, log) -> list[dict]:
     base = C.evaluate(cfg.model, None, cfg.axes, cfg.eval, trained, seed, out / "base" / "eval", log)
     rows = []
     for axis in cfg.axes:
-        C.check_metrics(base, cfg.metrics[axis], f"studies.{NAME}.metrics.{axis}")
+        C.check_metrics(base, cfg.metrics[axis], f"metrics.{axis}")
         names = [*cfg.metrics[axis], *C.CAPABILITY_METRICS]
         rows += C.metric_rows(NAME, "base", axis, "base", None, base, names)
         pairs = C.axis_pairs(axis, trained[axis], seed, out / f"pairs-{axis}.jsonl", cfg.per_family or None)

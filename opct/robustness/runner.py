@@ -65,6 +65,7 @@ class RobustnessConfig:
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError("seeds", "must not repeat")
         self.built = {}
+        self.source = "robustness file"  # the file it was read from (load_robustness), to name in a late error
         for name, block in self.studies.items():
             if name not in STUDIES:
                 raise ConfigError("studies", f"unknown study {name!r}; known: {', '.join(STUDIES)}")
@@ -90,7 +91,9 @@ def _merge(block: dict, quick: dict) -> dict:
 def load_robustness(path, args=None, **overrides) -> RobustnessConfig:
     from opct.config import build_config
 
-    return build_config(RobustnessConfig, args, path, None, **overrides)
+    cfg = build_config(RobustnessConfig, args, path, None, **overrides)
+    cfg.source = str(path)
+    return cfg
 
 
 def check_rows(rows, where: str) -> list[dict]:
@@ -165,10 +168,17 @@ def aggregate(per_seed: dict[int, list[dict]]) -> list[dict]:
     return out
 
 
-def _study_changes(name: str, saved: dict, now: dict) -> list[str]:
-    """What differs in one study's settings, field by field; inside its `train` / `eval` blocks, key by key. A field
-    added to the study's Config, TrainConfig or EvalConfig after the run started counts as its default (so a run
-    started before a new option existed resumes)."""
+# What a study's settings may change on a rerun: its progress bars, and the blocks' model, out and seed (the study
+# sets them itself, per cell)
+MAY_CHANGE = ("progress", "train.progress", "eval.progress") + tuple(
+    f"{b}.{f}" for b in ("train", "eval") for f in ("model", "out", "seed"))
+
+
+def study_changes(name: str, saved: dict, now: dict, may_change=MAY_CHANGE) -> list[str]:
+    """What differs in one study's settings (its Config as a mapping), field by field; inside its `train` / `eval`
+    blocks, key by key. A field added to the study's Config, TrainConfig or EvalConfig after the run started counts
+    as its default (so a run started before a new option existed resumes). Also a study run alone
+    (`opct.robustness.standalone`) is checked with it."""
     from opct.config import block_defaults, defaults_of
     from opct.evals.run import EvalConfig
     from opct.robustness.studies import STUDIES
@@ -176,11 +186,12 @@ def _study_changes(name: str, saved: dict, now: dict) -> list[str]:
 
     module = STUDIES.get(name)
     defaults = defaults_of(module.Config) if module is not None and hasattr(module, "Config") else {}
-    # the runner sets the blocks' model, out and seed itself
-    runner_set = ("model", "progress", "train.progress", "eval.progress") + tuple(
-        f"{b}.{f}" for b in ("train", "eval") for f in ("model", "out", "seed"))
-    return [f"studies.{name}.{c}" for c in
-            changes(saved, now, runner_set, {**defaults, **block_defaults(saved, train=TrainConfig, eval=EvalConfig)})]
+    return changes(saved, now, may_change, {**defaults, **block_defaults(saved, train=TrainConfig, eval=EvalConfig)})
+
+
+def _study_changes(name: str, saved: dict, now: dict) -> list[str]:
+    """`study_changes` of a study of a robustness file, named under `studies.NAME.` (the runner sets its model)."""
+    return [f"studies.{name}.{c}" for c in study_changes(name, saved, now, ("model", *MAY_CHANGE))]
 
 
 def _previous(root: Path, resolved: dict) -> dict:
@@ -225,7 +236,7 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
     from opct.experiment.runner import resolve_model
     from opct.policy import count_parameters, cpu_threads
     from opct.robustness.studies import STUDIES
-    from opct.robustness.cells import train_config
+    from opct.robustness.cells import UnknownMetric, train_config
     from opct.train.loop import check_samplers
 
     # before any cell runs: every method of a study that trains from a shared `train` block (replay, washout)
@@ -264,7 +275,10 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
                 continue
             say(f"{name} seed {seed} ({time.time() - t_start:.0f} s into the run)")
             t0 = time.time()
-            rows = check_rows(STUDIES[name].run(configs[name], seed, d, lambda m: say(m)), f"study {name}")
+            try:
+                rows = check_rows(STUDIES[name].run(configs[name], seed, d, lambda m: say(m)), f"study {name}")
+            except UnknownMetric as e:  # a field of the file that only the evaluation could check: named in it
+                raise OpctError(f"{cfg.source}: {e.under(f'studies.{name}')}") from None
             seconds = round(time.time() - t0, 1)
             write_json_atomic(d / "rows.json", {"study": name, "seed": seed, "seconds": seconds, "rows": rows})
             say(f"{name} seed {seed}: {len(rows)} rows in {seconds:.0f} s")

@@ -2,7 +2,9 @@
 [--out DIR] [--block KEY] [--quick]`. CONFIG is a YAML/JSON file; its mapping under KEY (default: the study's name,
 else the whole file) holds the study's `Config` fields; `--quick` puts the study's QUICK on top. Rows go to
 OUT/rows.jsonl; a summary (mean and 95% t-interval over seeds of every metric at the last x) is printed. A rerun
-resumes (finished pieces are kept). Every study of `opct.robustness.studies.STUDIES` runs this way."""
+resumes (finished pieces are kept); its settings are recorded in OUT/settings.json, and a rerun into the same OUT with
+other settings is refused naming the changed fields (more seeds are fine), as `opct run` refuses it. Every study of
+`opct.robustness.studies.STUDIES` runs this way."""
 
 from __future__ import annotations
 
@@ -75,12 +77,49 @@ def study_block(data: dict, key: str | None, study: str, path) -> tuple[dict, st
     return data[key], key
 
 
+SETTINGS = "settings.json"
+
+
+def check_settings(out: Path, study: str, settings: dict, seeds: list[int]) -> None:
+    """Before a study alone runs into `out`: refuse, naming the changed fields, when `out` was run with other settings
+    (OUT/settings.json: the study, its resolved Config and the seeds run), as `opct run` refuses it (seeds may be
+    added); an OUT holding a study's pieces without settings.json is refused too (its settings cannot be checked).
+    Until 2026-12-07 a rerun with other settings reused every piece's done.json: `eval: {n: 8}` reported n = 4's
+    results. Then writes the settings, the seeds merged."""
+    from opct.errors import OpctError
+    from opct.files import read_json, write_json_atomic
+    from opct.resume_check import check_extended, restart_allowed
+    from opct.robustness.runner import study_changes
+
+    path = out / SETTINGS
+    settings = json.loads(json.dumps(settings))  # as it reads back (tuples as lists)
+    old_seeds: list[int] = []
+    if path.exists():
+        old = read_json(path, "robustness study settings")
+        if not isinstance(old, dict) or not isinstance(old.get("settings"), dict):
+            raise OpctError(f"{path}: not a robustness study's settings; use another --out, or delete {out}")
+        check_extended(old, path, seeds="seeds")
+        if old.get("study") != study:
+            raise OpctError(f"{path}: {out} holds the {old.get('study')} study, not {study}; use another --out")
+        changed = study_changes(study, old["settings"], settings)
+        if changed and not restart_allowed(out, SETTINGS, changed):
+            raise OpctError(f"{path}: the {study} study in {out} was run with other settings ({', '.join(changed)}); "
+                            f"use another --out, or delete {out} to start again")
+        old_seeds = [] if changed else old.get("seeds", [])
+    elif out.is_dir() and any(p.name == "rows.jsonl" or p.name.startswith("seed") for p in out.iterdir()):
+        raise OpctError(f"{out}: holds a study's results but no {SETTINGS} (written before 2026-12-07, or removed), "
+                        f"so its settings cannot be checked; use another --out, or delete {out}")
+    write_json_atomic(path, {"study": study, "seeds": list(dict.fromkeys([*old_seeds, *seeds])),
+                             "settings": settings}, indent=2)
+
+
 def main(study_module, argv=None) -> int:
     import dataclasses
 
     from opct.config import construct, load_config_file, seed_arg
     from opct.errors import OpctError, user_message
     from opct.flags import OnceList, path_arg
+    from opct.robustness.cells import UnknownMetric
 
     name = study_module.__name__.rsplit(".", 1)[-1]
     ap = argparse.ArgumentParser(prog=f"python -m {study_module.__name__}", description=__doc__)
@@ -101,6 +140,7 @@ def main(study_module, argv=None) -> int:
             block = _merge(block, getattr(study_module, "QUICK", {}))
         try:
             cfg = construct(study_module.Config, block, prefix=prefix)
+            settings = dataclasses.asdict(cfg)  # what OUT/settings.json records (the model as the file names it)
             if any(f.name == "model" for f in dataclasses.fields(cfg)):  # as the runner: a subject -> its directory
                 from opct.experiment.runner import resolve_model
 
@@ -109,10 +149,14 @@ def main(study_module, argv=None) -> int:
             raise OpctError(f"{args.config}: {e}") from None
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)  # `--out FILE`: one line naming it, before any seed runs
+        check_settings(out, name, settings, args.seeds)
         rows = []
         for seed in args.seeds:
             t0 = time.time()
-            got = study_module.run(cfg, seed, out / f"seed{seed}", print)
+            try:
+                got = study_module.run(cfg, seed, out / f"seed{seed}", print)
+            except UnknownMetric as e:  # a field of the file that only the evaluation could check: named in it
+                raise OpctError(f"{args.config}: {e.under(prefix)}") from None
             check_rows(got, name)
             rows += got
             print(f"{name} seed {seed}: {len(got)} rows in {time.time() - t0:.0f} s")

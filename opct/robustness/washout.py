@@ -173,7 +173,7 @@ def run(cfg: Config, seed: int, out: Path, log) -> list[dict]:
     rows = []
     for axis in cfg.axes:
         names = cfg.metrics[axis]
-        C.check_metrics(base, names, f"studies.{NAME}.metrics.{axis}")
+        C.check_metrics(base, names, f"metrics.{axis}")
         report = [*names, *C.CAPABILITY_METRICS]
         rows += C.metric_rows(NAME, "base", axis, "base", None, base, report)
         pairs = C.axis_pairs(axis, trained[axis], seed, out / f"pairs-{axis}.jsonl", cfg.per_family or None)
