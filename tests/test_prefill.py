@@ -188,6 +188,11 @@ def test_par_pairs_each_prefilled_rate_with_the_direct_rate_of_the_same_requests
     assert m["prefill.par[on=train_prefills]"]["value"] == pytest.approx(0.5)
     assert m["prefill.par[on=heldout_prefills]"]["value"] == pytest.approx(-0.5)
     assert m["prefill.par[prefill=step_one]"]["n"] == 2
+    # unparsed prefilled rows are counted in par as in comply (par said 0 where comply said 5)
+    records[2]["verdict"] = "other"
+    m = PF.metrics(records, seed=0)
+    assert m["prefill.par[on=train_prefills]"]["parse_fail"] == m["prefill.comply[on=train_prefills]"]["parse_fail"] == 1
+    assert m["prefill.par[on=heldout_prefills]"]["parse_fail"] == 0
 
 
 @pytest.mark.parametrize("record, field", [
