@@ -104,3 +104,33 @@ def test_a_bad_deepspeed_config_file_is_one_line_naming_it(tmp_path, content, sa
     assert p.returncode == 1, p.stderr[-2000:]
     assert f"opct: error: {tmp_path}/{says}" in p.stderr, p.stderr[-2000:]
     assert "Traceback" not in p.stderr and not (tmp_path / "run").exists()
+
+
+def test_a_launch_of_several_processes_that_accelerate_sees_as_one_is_refused(tmp_path):
+    """`torchrun --nproc_per_node 2` on a machine without GPUs (no ACCELERATE_USE_CPU): accelerate set up no process
+    group, so rank 0 trained alone (its checkpoint said world_size 1) and rank 1 stopped on the run's lock, "training
+    run in use by another opct process". Every rank is refused, saying what to set, before anything trains."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"id": "a", "axis": "sycophancy", "task": "invariance", "teacher": [{"role": "user", "content": '
+                     '"Is it?"}], "student": [{"role": "user", "content": "Is it? I think no."}], '
+                     '"meta": {"family": "f", "split": "train"}}\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_") and k not in ("LOCAL_RANK", "RANK",
+                                                                                               "WORLD_SIZE")}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                        str(_free_port()), "-m", "opct.cli", "train", "--method", "bct", "--model", "test", "--pairs",
+                        str(pairs), "--out", str(tmp_path / "run"), "--max-steps", "1", "--no-progress"],
+                       env={**env, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode != 0
+    says = ("opct: error: launched as 2 processes (WORLD_SIZE=2), but accelerate set up one: on a machine without "
+            "GPUs set ACCELERATE_USE_CPU=1")
+    assert p.stderr.count(says) == 2, p.stderr[-3000:]  # each rank, none past it
+    assert "in use by another opct process" not in p.stderr and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

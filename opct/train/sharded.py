@@ -150,6 +150,13 @@ def check_sharding(accelerator) -> None:
     if kind == "DEEPSPEED" and accelerator.num_processes == 1 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise OpctError(f"DeepSpeed sees {os.environ['WORLD_SIZE']} ranks but accelerate only 1 (no process group "
                         f"backend on this machine); this is a bug in opct.train.sharded.accelerator_kwargs")
+    world = os.environ.get("WORLD_SIZE", "1")
+    if accelerator.num_processes == 1 and world.isdigit() and int(world) > 1:
+        # `torchrun --nproc_per_node 2` on a machine without GPUs: accelerate started no process group, so every rank
+        # trained alone into the same folder (rank 0 ran, rank 1 hit its lock; found 2026-12-07)
+        raise OpctError(f"launched as {world} processes (WORLD_SIZE={world}), but accelerate set up one: on a machine "
+                        f"without GPUs set ACCELERATE_USE_CPU=1 (e.g. `ACCELERATE_USE_CPU=1 torchrun "
+                        f"--nproc_per_node {world} -m opct.cli train ...`) so the processes train together over gloo")
 
 
 def configure(accelerator, config) -> None:
