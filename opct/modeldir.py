@@ -121,8 +121,10 @@ def _lines(e: BaseException) -> list[str]:
 def unbuildable(path, e: BaseException) -> OpctError:
     """The error for a config.json the model cannot be built from (a string for a size, 0 heads, an unknown dtype:
     TypeError, ZeroDivisionError, AttributeError, the hub's validation errors), `e` what transformers raised."""
-    return OpctError(f"{Path(path) / 'config.json'}: the model cannot be built from it "
-                     f"({type(e).__name__}: {first_line(e, 'no message')})")
+    lines = _lines(e)  # a first line ending in ':' introduces the reason on the next ("Validation error for field
+    # 'hidden_size':" / "TypeError: Field 'hidden_size' expected int, got str"), which was left out until 2026-12-07
+    said = f"{lines[0]} {lines[1]}" if len(lines) > 1 and lines[0].endswith(":") else first_line(e, "no message")
+    return OpctError(f"{Path(path) / 'config.json'}: the model cannot be built from it ({type(e).__name__}: {said})")
 
 
 def load_tokenizer(path: Path, trust_remote_code: bool = False):

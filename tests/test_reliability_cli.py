@@ -239,7 +239,9 @@ def test_a_config_that_does_not_match_the_weights(model_copy, tmp_path, capsys, 
 @pytest.mark.parametrize("edit, needle", [
     (lambda cfg: [1, 2], "config.json: not a model config (expected a JSON object, got list)"),
     (lambda cfg: "str", "config.json: not a model config (expected a JSON object, got str)"),
-    (lambda cfg: {**cfg, "hidden_size": "abc"}, "config.json: the model cannot be built from it ("),
+    (lambda cfg: {**cfg, "hidden_size": "abc"}, "config.json: the model cannot be built from it ("
+     "StrictDataclassFieldValidationError: Validation error for field 'hidden_size': TypeError: Field 'hidden_size' "
+     "expected int, got str (value: 'abc'))"),  # the reason on the message's second line was left out
     (lambda cfg: {**cfg, "vocab_size": None}, "config.json: the model cannot be built from it ("),
     (lambda cfg: {**cfg, "num_attention_heads": 0}, "config.json: the model cannot be built from it ("),
     (lambda cfg: {**cfg, "dtype": "float99"}, "config.json: the model cannot be built from it ("),
