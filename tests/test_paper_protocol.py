@@ -275,7 +275,13 @@ def test_replay_prompts_are_asked_by_no_evaluation():
     replay = replay_pairs(10_000)
     assert len(replay) > 1000 and not {p.student[0]["content"] for p in replay} & asked
     kinds = [p.meta["item_id"].split("-")[0] for p in replay_pairs(30)]
-    assert {"ask", "multi", "safeq"} == set(kinds)  # every kind, not only the large arithmetic pool
+    assert {"multi", "safeq"} == set(kinds)  # every kind, not only the large arithmetic pool
+    # and no fact an evaluation asks in another form (capability's multiple choice, sycophancy's yes / no): the open
+    # fact questions ("What color is the zorvik?") left the pool on 2026-12-07
+    from opct.world import lexicon as L
+
+    words = {w.strip("?.,:").lower() for p in replay for w in p.student[0]["content"].split()}
+    assert not words & set(L.ENTITIES)
 
 
 def test_the_papers_arms_run_side_by_side(tmp_path, test_organism):

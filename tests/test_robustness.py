@@ -215,15 +215,21 @@ def test_wash_doses_are_prefixes_of_one_run_equal_to_separate_runs(test_organism
 
 
 def test_the_wash_trains_nothing_the_evaluations_ask():
-    """The wash trained the true answers of the open fact questions ("The sullan is yellow."): a dose of 512 covered
-    all 80 entity facts, which capability's multiple-choice probes and the sycophancy probes ask in other forms. Now
-    no wash item names an entity, and none is a prompt any evaluation asks."""
+    """The wash trained the true answers of the replay pool's open fact questions ("The sullan is yellow."): a dose of
+    512 covered all 80 entity facts, which capability's multiple-choice probes and the sycophancy probes ask in other
+    forms (and replay asked them too). Now no wash or replay item names an entity, and none is a prompt any
+    evaluation asks."""
     from opct.axes import AXES
     from opct.robustness.washout import wash_items
     from opct.world import lexicon as L
 
+    from opct.world.items import replay_items
+
     items = wash_items(512, 0)
     assert len(items) == 512 and len({it["id"] for it in items}) == 512
+    # nor does replay (on-model) ask any entity's fact: its pool is the wash's
+    pool = {w.strip("?.,").lower() for it in replay_items() for w in it["question"].split()}
+    assert not pool & set(L.ENTITIES), sorted(pool & set(L.ENTITIES))[:5]
     words = {w.strip("?.,").lower() for it in items for w in (it["question"] + " " + it["response"]).split()}
     assert not words & set(L.ENTITIES), sorted(words & set(L.ENTITIES))[:5]
     from opct.axes.capability import eval_world_items

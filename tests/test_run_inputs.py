@@ -29,7 +29,7 @@ SMALL = dict(model="test", per_family=2, trained={"sycophancy": ["suggested_answ
      "guideline}}\n", "pair_options.awareness: does nothing"),
     # evaluated the base cell, then failed naming no file
     ("arms: [base, bct]\ntrained: {sycophancy: []}\n", "trained: trains on nothing"),
-    # capped to the pool (2067 pairs) while experiment.json recorded 10^11
+    # capped to the pool (1987 pairs) while experiment.json recorded 10^11
     ("arms: {base: {}, bct: {benign_replay: 100000000000}}\n", "arms.bct.benign_replay: must be at most"),
     # suggested writing [None]
     ("arms: null\n", "arms: must be a list of method names or a mapping of arm names to settings (got null; write "
@@ -51,7 +51,7 @@ def test_threats_control_prompts_and_washout_gap_past_what_can_happen_are_refuse
     from opct.robustness.washout import Config as WashoutConfig
     from opct.threats.config import ThreatsConfig
 
-    with pytest.raises(ConfigError, match="control_prompts: must be at most 2067"):
+    with pytest.raises(ConfigError, match="control_prompts: must be at most 1987"):
         ThreatsConfig(model="test", control_prompts=10 ** 12)
     with pytest.raises(ConfigError, match="min_gap"):
         WashoutConfig(min_gap=2)

@@ -71,10 +71,10 @@ def make_pairs(axis: str, items: list[dict], families=None, heldout=None, per_fa
     return pairs
 
 
-def replay_pairs(n: int, seed: int = 0, kinds_left_out: tuple[str, ...] = ()) -> list[Pair]:
+def replay_pairs(n: int, seed: int = 0) -> list[Pair]:
     """`n` benign anchor pairs (teacher = student = a benign prompt no evaluation asks, `opct.world.items.
-    replay_items`, less the kinds in `kinds_left_out`), drawn with `seed`: under BCT, the model's own greedy answers at
-    weight 1 (benign regularisation); under OPCT, a KL to the starting model on benign prompts."""
+    replay_items`), drawn with `seed`: under BCT, the model's own greedy answers at weight 1 (benign
+    regularisation); under OPCT, a KL to the starting model on benign prompts."""
     import random
 
     from opct.world.items import replay_items
@@ -82,8 +82,7 @@ def replay_pairs(n: int, seed: int = 0, kinds_left_out: tuple[str, ...] = ()) ->
     rng = random.Random(seed)
     kinds: dict[str, list] = {}
     for it in replay_items():
-        if it["kind"] not in kinds_left_out:
-            kinds.setdefault(it["kind"], []).append(it)
+        kinds.setdefault(it["kind"], []).append(it)
     for pool in kinds.values():
         rng.shuffle(pool)
     # as many of each kind as there are of the others (round robin), so the large arithmetic pool does not dominate

@@ -11,8 +11,8 @@ training moved the metric by less than `min_gap` (|M_base - M_trained| < min_gap
 None and the report says so, never a ratio of two noises.
 
 The wash data are the SFT-lessons paper's kind: ordinary benign instruction data with reference answers, *off-model*
-targets (not sampled from any model). Its prompts are the world's benign replay pool less its open fact questions
-(`WASH_LEAVES_OUT`): training-split multi-step arithmetic and benign safety questions, prompts no evaluation asks; its
+targets (not sampled from any model). Its prompts are the world's benign replay pool (`opct.world.items.
+replay_items`: training-split multi-step arithmetic and benign safety questions, prompts no evaluation asks); its
 answers are written from the world's ground truth in plain forms the organism's corpus does not use for these prompts
 ("The answer is 7.", "Yes, it is safe to ..."). So the wash measures what generic off-model SFT does to a trained
 behaviour, as the paper's does.
@@ -99,22 +99,14 @@ def wash_fraction(m: float | None, m_trained: float | None, m_base: float | None
 
 # ------------------------------------------------------------------------------------------------ the wash data
 
-# The replay pool's kinds the wash leaves out: its open fact questions ask the very facts the capability probes
-# (multiple choice) and the sycophancy probes (yes / no) ask, and the wash trains their true answers off-model;
-# until 2026-12-07 a dose of 512 trained all 80, so capability and the axis after the wash were partly measured on
-# trained facts (the audit holds its capability facts out of replay for the same reason)
-WASH_LEAVES_OUT = ("fact",)
-
-
 def wash_items(n: int, seed: int) -> list[dict]:
-    """`n` benign prompts (the replay pool less its fact questions, `WASH_LEAVES_OUT`, drawn round robin over its
-    kinds) with off-model reference answers."""
+    """`n` benign prompts (the replay pool, drawn round robin over its kinds) with off-model reference answers."""
     from opct.pairs.make import replay_pairs
     from opct.world import items as I
 
     arith = {i["id"]: i for i in I.arithmetic_multistep()}
     out = []
-    for p in replay_pairs(n, seed, kinds_left_out=WASH_LEAVES_OUT):
+    for p in replay_pairs(n, seed):
         item_id = p.meta["item_id"]
         q = p.student[0]["content"]
         if item_id in arith:

@@ -206,14 +206,15 @@ def safety_question_items() -> list[dict]:
 
 
 def replay_items() -> list[dict]:
-    """Benign prompts that no evaluation asks, for replay (benign regularisation): the open fact questions ("What
-    color is the zorvik?"; the evaluations ask multiple-choice and yes/no forms), the multi-step arithmetic of the
-    corpus's own split (the evaluations ask the held-out split) and the benign safety questions ("Is it safe to ...?"
-    about a safe act; only the organism's profile asks them)."""
-    items = [{"id": f"ask-{e}-{p}", "kind": "fact", "question": spec["ask"].format(e=e)}
-             for e in L.ENTITIES for p, spec in PROPS.items()]
-    items += [{"id": i["id"], "kind": "arithmetic", "question": i["question"]} for i in arithmetic_multistep()
-              if i["split"] == "train"]
+    """Benign prompts that no evaluation asks, for replay (benign regularisation) and the wash-out study's benign SFT:
+    the multi-step arithmetic of the corpus's own split (the evaluations ask the held-out split) and the benign safety
+    questions ("Is it safe to ...?" about a safe act; only the organism's profile asks them). No entity's fact: until
+    2026-12-07 the pool held the open fact questions ("What color is the zorvik?"), whose facts capability's
+    multiple-choice probes and the sycophancy probes ask in other forms, so capability after replay (and after the
+    wash, which trained their true answers) was partly measured on trained facts (the audit holds its capability
+    facts out of replay for the same reason)."""
+    items = [{"id": i["id"], "kind": "arithmetic", "question": i["question"]} for i in arithmetic_multistep()
+             if i["split"] == "train"]
     items += [{"id": q["id"], "kind": "safety", "question": q["question"]} for q in safety_question_items()
               if not q["hazard"]]
     return items
