@@ -196,6 +196,13 @@ def test_intervals_are_clipped_to_the_measures_range_never_by_the_value():
     assert m["t,measure=mcc,filter=none]"]["n"] == 40
 
 
+def test_an_f1_interval_is_clipped_to_0_1():
+    """Before, `f1` was not in RANGES: an F1 of 0.5 with stderr 0.33 read 0.500 [-0.147, 1.147]; now [0, 1]."""
+    m = to_metrics({"results": {"t": {"f1,none": 0.5, "f1_stderr,none": 0.33}}, "higher_is_better": {"t": {"f1": True}},
+                    "n-samples": {"t": {"effective": 6}}})["capability.lm_eval[task=t,measure=f1,filter=none]"]
+    assert (m["ci_low"], m["ci_high"]) == (0.0, 1.0)
+
+
 def test_a_run_killed_between_lm_eval_tasks_keeps_the_finished_ones(tasks_dir, tmp_path, monkeypatch, capsys):
     """Each finished task's metrics are kept (RUN/lm_eval_partial.json) until the axis ends: killed during the
     second task, the rerun runs only that one, and the first task's metric is the one measured before the kill."""

@@ -246,11 +246,12 @@ def defined_twice(folder, tasks) -> str | None:
 
 
 # The range of the harness's measures that have one, by name: the means of 0/1 scores (and IFEval's and TruthfulQA's
-# rates) lie in [0, 1], a Matthews correlation in [-1, 1]. Any other measure (BLEU in [0, 100], a Brier score in
+# rates) and an F1 score (the harness's `f1`, its aggregation sklearn's f1_score) lie in [0, 1], a Matthews
+# correlation in [-1, 1]. Any other measure (BLEU in [0, 100], a Brier score in
 # [0, 2], a perplexity, a task's own metric) keeps the normal approximation's interval as it is.
 RANGES = {**dict.fromkeys(("acc", "acc_norm", "acc_mutual_info", "exact_match", "mc1", "mc2",
                            "prompt_level_strict_acc", "prompt_level_loose_acc", "inst_level_strict_acc",
-                           "inst_level_loose_acc"), (0.0, 1.0)),
+                           "inst_level_loose_acc", "f1"), (0.0, 1.0)),
           "mcc": (-1.0, 1.0)}
 
 
