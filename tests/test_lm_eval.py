@@ -203,6 +203,21 @@ def test_an_f1_interval_is_clipped_to_0_1():
     assert (m["ci_low"], m["ci_high"]) == (0.0, 1.0)
 
 
+def test_a_groups_n_counts_the_documents_of_the_tasks_that_have_the_measure():
+    """Before, a group's n was its whole sample count for every measure: acc from opct_mc's 6 documents and
+    exact_match from opct_arith's 12 both said n=18; now 6 and 12 (and a nested group's tasks are counted)."""
+    res = {"results": {"grp": {"acc,none": 0.667, "exact_match,answer": 1.0, "sample_len": 18},
+                       "mc": {"acc,none": 0.667}, "arith": {"exact_match,answer": 1.0},
+                       "outer": {"acc,none": 0.5, "sample_len": 22}, "more": {"acc,none": 0.2}},
+           "group_subtasks": {"grp": ["arith", "mc"], "outer": ["grp", "more"]},
+           "higher_is_better": {"grp": {"acc": True, "exact_match": True}, "mc": {"acc": True},
+                                "arith": {"exact_match": True}, "outer": {"acc": True}, "more": {"acc": True}},
+           "n-samples": {"mc": {"effective": 6}, "arith": {"effective": 12}, "more": {"effective": 4}}}
+    n = {k.split("task=")[1]: v["n"] for k, v in to_metrics(res).items()}
+    assert n["grp,measure=acc,filter=none]"] == 6 and n["grp,measure=exact_match,filter=answer]"] == 12
+    assert n["outer,measure=acc,filter=none]"] == 10 and n["mc,measure=acc,filter=none]"] == 6
+
+
 def test_a_run_killed_between_lm_eval_tasks_keeps_the_finished_ones(tasks_dir, tmp_path, monkeypatch, capsys):
     """Each finished task's metrics are kept (RUN/lm_eval_partial.json) until the axis ends: killed during the
     second task, the rerun runs only that one, and the first task's metric is the one measured before the kill."""

@@ -16,7 +16,7 @@ kept, so a task with several filters does not overwrite itself); only the measur
 its `higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are
 the harness's normal approximation (value ± 1.96 stderr), clipped to the measure's range where `RANGES` knows it
 ([0, 1] for an accuracy, [-1, 1] for a Matthews correlation; never by the value: an MCC of 0.2 is no rate); `n` is
-the number of documents evaluated (a group's: those of its tasks). Each document's prompt (as sent), responses,
+the number of documents evaluated (a group's: those of its tasks that have the measure). Each document's prompt (as sent), responses,
 target and scores go to `RUN/lm_eval_samples/TASK.jsonl` (`write_samples`). A task that fails is logged and listed in
 `errors` (run.json's `lm_eval_errors`; a resumed eval runs it again), and the others still run; a task name the
 harness does not know is refused before anything runs (`check_tasks`, from `opct.evals.run.check_config`); one it
@@ -260,6 +260,20 @@ def _clip(x: float, measure: str) -> float:
     return min(high, max(low, x))
 
 
+def _documents(results: dict, task: str, key: str, total) -> int:
+    """The documents measure `key` (`measure,filter`) of `task` was computed on: a task's own count (`total`); a
+    group's, the sum over its (sub)tasks that have the measure (until 2026-12-07 every measure of a group read the
+    group's whole count: acc from 6 documents and exact_match from 12 both said n=18). `total` where the harness
+    names no subtasks."""
+    children = (results.get("group_subtasks") or {}).get(task)
+    if not children:
+        return total
+    n_samples, res = results.get("n-samples", {}), results.get("results", {})
+    found = [_documents(results, c, key, n_samples.get(c, {}).get("effective", res[c].get("sample_len", 0)))
+             for c in children if key in res.get(c, {})]
+    return sum(found) if found else total
+
+
 def to_metrics(results: dict) -> dict:
     """The harness's results dict as opct metric dicts: one per scored (task, measure, filter)."""
     out = {}
@@ -267,7 +281,7 @@ def to_metrics(results: dict) -> dict:
     scored = results.get("higher_is_better", {})
     for task, res in results.get("results", {}).items():
         # a group has no n-samples entry of its own; its result holds how many documents its tasks scored
-        n = n_samples.get(task, {}).get("effective", res.get("sample_len", 0))
+        total = n_samples.get(task, {}).get("effective", res.get("sample_len", 0))
         directions = scored.get(task)
         for key, value in res.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool) or "_stderr" in key or key == "alias":
@@ -282,5 +296,5 @@ def to_metrics(results: dict) -> dict:
                 "value": float(value),
                 "ci_low": None if err is None else _clip(float(value) - 1.96 * err, measure),
                 "ci_high": None if err is None else _clip(float(value) + 1.96 * err, measure),
-                "n": int(n), "higher_is_better": bool(hib) if hib is not None else True, "parse_fail": 0}
+                "n": int(_documents(results, task, key, total)), "higher_is_better": bool(hib) if hib is not None else True, "parse_fail": 0}
     return out
