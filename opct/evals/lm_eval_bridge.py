@@ -12,18 +12,18 @@ any. The model's chat template is applied to every request (`apply_chat_template
 turns it off): an instruction-tuned model asked without its template answers another question.
 
 Each task and measure becomes a metric `capability.lm_eval[task=...,measure=...,filter=...]` (the filter's name
-kept, so a task with several filters does not overwrite itself); only the measures the harness scores (those in
-its `higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are
-the harness's normal approximation (value ± 1.96 stderr), clipped to the measure's range where `RANGES` knows it
-([0, 1] for an accuracy, [-1, 1] for a Matthews correlation; never by the value: an MCC of 0.2 is no rate); `n` is
-the number of documents evaluated (a group's: those of its tasks that have the measure). Each document's prompt (as sent), responses,
-target and scores go to `RUN/lm_eval_samples/TASK.jsonl` (`write_samples`). A task that fails is logged and listed in
-`errors` (run.json's `lm_eval_errors`; a resumed eval runs it again), and the others still run; a task name the
-harness does not know is refused before anything runs (`check_tasks`, from `opct.evals.run.check_config`); one it
-cannot find is reported with the include folder's YAML files that do not parse (the harness skips those without a
-word, so a typo in one reads as "not a registered task"). When `lm_eval` is not installed the bridge is skipped with
-a message saying so, and every task asked for is listed in `errors` as not run (so `opct eval` exits 1 and an
-experiment's report lists them); it never stops the run.
+kept, so a task with several filters does not overwrite itself); only the measures the harness scores (those in its
+`higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are the
+harness's normal approximation (value ± 1.96 stderr), clipped to the measure's range where `RANGES` knows it ([0, 1]
+for an accuracy, [-1, 1] for a Matthews correlation; never by the value: an MCC of 0.2 is no rate); `n` is the
+number of documents evaluated (a group's: those of its tasks that have the measure). Each document's prompt (as
+sent), responses, target and scores go to `RUN/lm_eval_samples/TASK.jsonl` (`write_samples`). A task that fails is
+logged and listed in `errors` (run.json's `lm_eval_errors`; a resumed eval runs it again), and the others still run;
+a task name the harness does not know is refused before anything runs (`check_tasks`, from
+`opct.evals.run.check_config`); one it cannot find is reported with the include folder's YAML files that do not
+parse (the harness skips those without a word, so a typo in one reads as "not a registered task"). When `lm_eval` is
+not installed the bridge is skipped with a message saying so, and every task asked for is listed in `errors` as not
+run (so `opct eval` exits 1 and an experiment's report lists them); it never stops the run.
 """
 
 from __future__ import annotations
@@ -296,5 +296,6 @@ def to_metrics(results: dict) -> dict:
                 "value": float(value),
                 "ci_low": None if err is None else _clip(float(value) - 1.96 * err, measure),
                 "ci_high": None if err is None else _clip(float(value) + 1.96 * err, measure),
-                "n": int(_documents(results, task, key, total)), "higher_is_better": bool(hib) if hib is not None else True, "parse_fail": 0}
+                "n": int(_documents(results, task, key, total)),
+                "higher_is_better": bool(hib) if hib is not None else True, "parse_fail": 0}
     return out
