@@ -326,3 +326,28 @@ def test_a_task_failing_without_a_message_says_where_it_was_raised(tasks_dir, tm
     assert message != "StopIteration" and ("raised in" in message or ": " in message), message
     if message.startswith("StopIteration"):
         assert message.endswith("is the task's dataset empty?"), message
+
+
+def test_lm_eval_bootstrap_iters_reaches_the_harness_and_needs_lm_eval(tmp_path, monkeypatch, capsys):
+    """Before, simple_evaluate ran with the harness's default of 100000 bootstrap iterations: an f1 or mcc measure
+    took minutes on 6 documents, and no option changed it. Now --lm-eval-bootstrap-iters (default 1000) is passed to
+    it, is kept with the partial results' settings, and like the other --lm-eval-* options needs --lm-eval."""
+    import lm_eval.evaluator
+    import lm_eval.models.huggingface
+    import lm_eval.tasks
+
+    from opct.axes.capability import _lm_eval
+    from opct.evals.run import EvalConfig
+    from tiny_lm import cli_error
+
+    seen = []
+    monkeypatch.setattr(lm_eval.models.huggingface, "HFLM", lambda **kw: object())
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda **kw: object())
+    monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", lambda **kw: seen.append(kw["bootstrap_iters"]) or {})
+    assert EvalConfig().lm_eval_bootstrap_iters == 1000
+    for iters in (1000, 50):
+        _lm_eval(EvalConfig(model=str(tmp_path), lm_eval=True, lm_eval_bootstrap_iters=iters), ["t"], lambda *a: None)
+    assert seen == [1000, 50]
+    line = cli_error(capsys, ["eval", "--model", str(tmp_path / "m"), "--suite", "capability",
+                              "--lm-eval-bootstrap-iters", "10", "--out", str(tmp_path / "ev")])
+    assert line.startswith("opct: error: --lm-eval-bootstrap-iters is an option of --lm-eval, which is not on")

@@ -2,7 +2,8 @@
 
     pip install 'opct[lmeval]'       # lm-eval is not a dependency of opct
     opct eval --model DIR [--adapter DIR] --suite capability --lm-eval [--lm-eval-tasks T ...]
-              [--lm-eval-include DIR] [--lm-eval-limit N] [--no-lm-eval-chat-template] --out RUN
+              [--lm-eval-include DIR] [--lm-eval-limit N] [--lm-eval-bootstrap-iters N] [--no-lm-eval-chat-template]
+              --out RUN
 
 runs the tasks (default: `minerva_math500`, `gpqa_diamond_cot_zeroshot`, `ifeval` — MATH-500, GPQA-Diamond, IFEval,
 as in the OPCT paper; they fetch their datasets from the Hugging Face hub, and IFEval needs `langdetect`, MATH
@@ -51,11 +52,15 @@ SKIP_MESSAGE = ("capability: lm-evaluation-harness bridge skipped: the `lm_eval`
 
 def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, batch_size: int | str = 8,
                 device: str = "cpu", dtype: str = "float32", chat_template: bool = True, include_path=None,
-                log=print, errors: dict | None = None, on_task=None, samples_dir=None) -> dict:
+                log=print, errors: dict | None = None, on_task=None, samples_dir=None,
+                bootstrap_iters: int = 1000) -> dict:
     """Run the tasks one by one; return opct metrics (empty, after logging `SKIP_MESSAGE`, when the harness is
     missing). A task that raises is logged and recorded in `errors` (task -> message); the others still run.
     `on_task(task, metrics)` is called as each task finishes (to keep its metrics should the run be killed).
-    `samples_dir`: where each evaluated (sub)task's documents go, one JSON line each (`write_samples`)."""
+    `samples_dir`: where each evaluated (sub)task's documents go, one JSON line each (`write_samples`).
+    `bootstrap_iters`: the harness's bootstrap iterations for the stderr of a measure aggregated otherwise than by a
+    mean (f1, mcc, bleu: at its default of 100000 each such measure took minutes on 6 documents; a mean's stderr is
+    computed directly, whatever this is; 0 computes no stderr at all)."""
     if not available():
         log(SKIP_MESSAGE)
         if errors is not None:  # asked for and not run: said like a failure, so no report reads the absence as a pass
@@ -73,7 +78,7 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
     for task in tasks:
         try:
             results = evaluator.simple_evaluate(model=lm, tasks=[task], limit=limit, task_manager=manager,
-                                                apply_chat_template=chat_template,
+                                                apply_chat_template=chat_template, bootstrap_iters=bootstrap_iters,
                                                 log_samples=samples_dir is not None)
         except Exception as e:  # noqa: BLE001 - one task's failure (a missing dataset or extra) must not lose the rest
             detail = first_line(e, "")

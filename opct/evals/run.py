@@ -124,6 +124,10 @@ class EvalConfig:
     lm_eval_include: Optional[str] = option(None, "lm-eval: a folder of your own task YAMLs")
     lm_eval_chat_template: bool = option(True, "lm-eval: render every request with the model's chat template")
     lm_eval_limit: Optional[int] = option(None, "lm-eval: documents per task (default: all)", ge=1)
+    lm_eval_bootstrap_iters: int = option(1000, "lm-eval: bootstrap iterations for the stderr (the interval) of a "
+                                                "measure that is no mean (f1, mcc, bleu, ...; lm-eval's own default, "
+                                                "100000, takes minutes per measure); a mean's stderr does not depend "
+                                                "on it; 0: no stderr, so no interval, for any measure", ge=0)
     dtype: str = option("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
     device: str = option("cpu", "torch device", device=True)
     threads: Optional[int] = option(None, "CPU threads for torch (default: 1 for models under 100M parameters on "
@@ -239,7 +243,8 @@ def check_config(cfg: EvalConfig) -> dict[str, list[dict]]:
     if not cfg.out:
         raise OpctError("--out is required (the run directory to write)")
     defaults = defaults_of(EvalConfig)
-    lm_flags = [f"--{name.replace('_', '-')}" for name in ("lm_eval_tasks", "lm_eval_include", "lm_eval_limit")
+    lm_flags = [f"--{name.replace('_', '-')}" for name in ("lm_eval_tasks", "lm_eval_include", "lm_eval_limit",
+                                                          "lm_eval_bootstrap_iters")
                 if getattr(cfg, name) != defaults[name]] \
         + (["--no-lm-eval-chat-template"] if not cfg.lm_eval_chat_template else [])
     if lm_flags and not cfg.lm_eval:
