@@ -351,3 +351,22 @@ def test_lm_eval_bootstrap_iters_reaches_the_harness_and_needs_lm_eval(tmp_path,
     line = cli_error(capsys, ["eval", "--model", str(tmp_path / "m"), "--suite", "capability",
                               "--lm-eval-bootstrap-iters", "10", "--out", str(tmp_path / "ev")])
     assert line.startswith("opct: error: --lm-eval-bootstrap-iters is an option of --lm-eval, which is not on")
+
+
+def test_a_task_yaml_without_dataset_path_is_refused_naming_the_file_and_field(tasks_dir, tmp_path):
+    """Before, such a task ran and failed with "TypeError: expected str, bytes or os.PathLike object, not NoneType",
+    naming neither the YAML nor the field; now it is refused before the model loads, naming both (an include that
+    gives the dataset_path is followed; a task given as a YAML's path is checked too)."""
+    from opct.evals.lm_eval_bridge import check_tasks
+
+    include = tmp_path / "tasks"
+    shutil.copytree(tasks_dir, include)
+    (include / "nods.yaml").write_text('task: nods\noutput_type: generate_until\ntest_split: test\n'
+                                       'doc_to_text: "{{q}}"\ndoc_to_target: "{{a}}"\n')
+    (include / "child.yaml").write_text("include: opct_arith.yaml\ntask: child_task\n")
+    check_tasks(["opct_arith", "child_task"], include)  # dataset_path from its include: fine
+    with pytest.raises(OpctError) as e:
+        check_tasks(["opct_arith", "nods"], include)
+    assert str(e.value).startswith(f"lm_eval_tasks: {include}/nods.yaml: task 'nods' has no dataset_path")
+    with pytest.raises(OpctError, match="nods.yaml: task 'nods' has no dataset_path"):
+        check_tasks([str(include / "nods.yaml")])

@@ -119,6 +119,8 @@ def check_tasks(tasks, include_path=None) -> None:
     if not bad:
         if folder and (twice := defined_twice(folder, tasks)):
             raise OpctError(f"lm_eval_tasks: {twice}")
+        if lacking := lacking_fields(folder, tasks):
+            raise OpctError(f"lm_eval_tasks: {lacking}")
         return
     said = []
     for t in bad:
@@ -205,17 +207,23 @@ def _raised_at(e: BaseException) -> str:
 def _read_yamls(folder):
     """(path, its YAML value, or the YAMLError / OSError reading it raised) for each task YAML under `folder`, in path
     order; lm-eval's own tags, such as `!function`, are read as None."""
+    for path in sorted(Path(folder).rglob("*.y*ml")):
+        yield path, _read_one(path)
+
+
+def _read_one(path: Path):
+    """A YAML file's value (lm-eval's tags, such as `!function`, read as None), or the YAMLError / OSError reading it
+    raised."""
     import yaml
 
     class _Loader(yaml.SafeLoader):
         pass
 
     _Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
-    for path in sorted(Path(folder).rglob("*.y*ml")):
-        try:
-            yield path, yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader
-        except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
-            yield path, e
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+        return e
 
 
 def unparseable_yamls(folder) -> list[str]:
@@ -247,6 +255,46 @@ def defined_twice(folder, tasks) -> str | None:
         if len(where.get(t, [])) > 1:
             return f"{t!r} is defined by {len(where[t])} task YAMLs of {folder} ({', '.join(where[t])}), and " \
                    f"lm-eval would run one of them; rename the task of the others"
+    return None
+
+
+def _merged(path: Path, value, seen=()) -> dict:
+    """A task YAML's keys with those of the files it `include`s (a name, or a list of them, relative to its folder;
+    its own keys win), as the harness merges them. An include that cannot be read is a ValueError naming it."""
+    if not isinstance(value, dict) or "include" not in value:
+        return value if isinstance(value, dict) else {}
+    merged: dict = {}
+    includes = value["include"] if isinstance(value["include"], list) else [value["include"]]
+    for inc in includes:
+        target = path.parent / str(inc) if not Path(str(inc)).is_absolute() else Path(str(inc))
+        if not target.is_file():
+            raise ValueError(f"include {inc}: no such file ({target})")
+        if target.resolve() in seen:
+            raise ValueError(f"include {inc}: includes itself")
+        inner = _read_one(target)
+        if isinstance(inner, Exception):
+            raise ValueError(f"include {inc}: cannot read it ({first_line(inner, type(inner).__name__)})")
+        merged.update({k: v for k, v in _merged(target, inner, (*seen, path.resolve())).items() if k != "task_list"})
+    merged.update({k: v for k, v in value.items() if k != "include"})
+    return merged
+
+
+def lacking_fields(folder, tasks) -> str | None:
+    """`FILE: task NAME has no dataset_path ...` for the first of `tasks` (a name a YAML under `folder` defines, or a
+    YAML's path) whose YAML, with its includes, names no dataset: the harness ran it and failed with "TypeError:
+    expected str, bytes or os.PathLike object, not NoneType", naming neither file nor field (2026-12-07). A task of
+    its own Python class (`class:`) is not checked."""
+    found = [(Path(t), _read_one(Path(t))) for t in tasks if Path(t).suffix in (".yaml", ".yml") and Path(t).is_file()]
+    found += [(p, v) for p, v in (_read_yamls(folder) if folder else ())
+              if isinstance(v, dict) and isinstance(v.get("task"), str) and v["task"] in tasks]
+    for path, value in found:
+        try:
+            cfg = _merged(path, value)
+        except ValueError:
+            continue  # the harness does not index it: an unknown task, said as such
+        if isinstance(cfg.get("task"), str) and "class" not in cfg and not cfg.get("dataset_path"):
+            return (f"{path}: task {cfg['task']!r} has no dataset_path (where lm-eval reads its documents from, e.g. "
+                    f"dataset_path: json with dataset_kwargs.data_files)")
     return None
 
 
