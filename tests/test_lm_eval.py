@@ -370,3 +370,18 @@ def test_a_task_yaml_without_dataset_path_is_refused_naming_the_file_and_field(t
     assert str(e.value).startswith(f"lm_eval_tasks: {include}/nods.yaml: task 'nods' has no dataset_path")
     with pytest.raises(OpctError, match="nods.yaml: task 'nods' has no dataset_path"):
         check_tasks([str(include / "nods.yaml")])
+
+
+def test_a_task_yaml_whose_include_is_missing_is_named_when_its_task_is_not_found(tasks_dir, tmp_path):
+    """Before, a YAML whose `include:` file is not there was skipped by the harness and its task reported only as
+    "not a task lm-eval knows: 'inc_task'"; now the message names the YAML and the missing include."""
+    from opct.evals.lm_eval_bridge import check_tasks
+
+    include = tmp_path / "tasks"
+    shutil.copytree(tasks_dir, include)
+    (include / "inc.yaml").write_text("include: missing_base.yaml\ntask: inc_task\n")
+    with pytest.raises(OpctError) as e:
+        check_tasks(["inc_task", "opct_arith"], include)
+    assert str(e.value).startswith("lm_eval_tasks: not a task lm-eval knows: 'inc_task'")
+    assert f"; {include}/inc.yaml: include missing_base.yaml: no such file ({include}/missing_base.yaml)" \
+        in str(e.value)
