@@ -385,3 +385,22 @@ def test_a_task_yaml_whose_include_is_missing_is_named_when_its_task_is_not_foun
     assert str(e.value).startswith("lm_eval_tasks: not a task lm-eval knows: 'inc_task'")
     assert f"; {include}/inc.yaml: include missing_base.yaml: no such file ({include}/missing_base.yaml)" \
         in str(e.value)
+
+
+def test_a_resume_may_name_the_include_folder_and_a_task_yaml_by_another_path(tmp_path, monkeypatch):
+    """A task given as a YAML path was compared as text: `opct eval --resume` with its absolute path was refused as
+    'changed: config.lm_eval_tasks'; now, like the include folder (and the model), it is compared by what it
+    names. Another task, or another file, is still a change."""
+    import opct.evals.run  # noqa: F401 - registers EQUIVALENT
+    from opct.resume_check import changes
+
+    (tmp_path / "lmt3").mkdir()
+    (tmp_path / "lmt3" / "t.yaml").write_text("task: t\n")
+    (tmp_path / "lmt3" / "u.yaml").write_text("task: u\n")
+    monkeypatch.chdir(tmp_path)
+    saved = {"config": {"lm_eval_include": "lmt3", "lm_eval_tasks": ["lmt3/t.yaml", "ifeval"]}}
+    same = {"config": {"lm_eval_include": str(tmp_path / "lmt3"),
+                       "lm_eval_tasks": [str(tmp_path / "lmt3" / "t.yaml"), "ifeval"]}}
+    assert changes(saved, same) == []
+    other = {"config": {"lm_eval_include": "./lmt3/", "lm_eval_tasks": ["lmt3/u.yaml", "ifeval"]}}
+    assert [c.split(" ")[0] for c in changes(saved, other)] == ["config.lm_eval_tasks"]

@@ -205,8 +205,12 @@ def _lm_eval(cfg, tasks, log) -> tuple[dict, dict]:
     from opct.evals.resume import eval_inputs
     from opct.files import read_json, write_json_atomic
 
-    settings = {k: str(getattr(cfg, k)) for k in ("model", "adapter", "lm_eval_limit", "lm_eval_chat_template",
-                                                 "lm_eval_include", "lm_eval_bootstrap_iters", "dtype", "device")}
+    from opct.resume_check import EQUIVALENT
+
+    # paths as what they name: a resume given the include folder by another path keeps the finished tasks
+    settings = {k: str(EQUIVALENT.get(k, lambda v: v)(getattr(cfg, k)))
+                for k in ("model", "adapter", "lm_eval_limit", "lm_eval_chat_template", "lm_eval_include",
+                          "lm_eval_bootstrap_iters", "dtype", "device")}
     # and what those paths held: a task's metrics kept from a run of another model or adapter are not reused
     settings["inputs"] = {k: v for k, v in eval_inputs(cfg).items() if k in ("model", "adapter")
                           or k.startswith("lm_eval")}
