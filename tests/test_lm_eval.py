@@ -196,6 +196,28 @@ def test_intervals_are_clipped_to_the_measures_range_never_by_the_value():
     assert m["t,measure=mcc,filter=none]"]["n"] == 40
 
 
+def test_an_f1_interval_is_clipped_to_0_1():
+    """Before, `f1` was not in RANGES: an F1 of 0.5 with stderr 0.33 read 0.500 [-0.147, 1.147]; now [0, 1]."""
+    m = to_metrics({"results": {"t": {"f1,none": 0.5, "f1_stderr,none": 0.33}}, "higher_is_better": {"t": {"f1": True}},
+                    "n-samples": {"t": {"effective": 6}}})["capability.lm_eval[task=t,measure=f1,filter=none]"]
+    assert (m["ci_low"], m["ci_high"]) == (0.0, 1.0)
+
+
+def test_a_groups_n_counts_the_documents_of_the_tasks_that_have_the_measure():
+    """Before, a group's n was its whole sample count for every measure: acc from opct_mc's 6 documents and
+    exact_match from opct_arith's 12 both said n=18; now 6 and 12 (and a nested group's tasks are counted)."""
+    res = {"results": {"grp": {"acc,none": 0.667, "exact_match,answer": 1.0, "sample_len": 18},
+                       "mc": {"acc,none": 0.667}, "arith": {"exact_match,answer": 1.0},
+                       "outer": {"acc,none": 0.5, "sample_len": 22}, "more": {"acc,none": 0.2}},
+           "group_subtasks": {"grp": ["arith", "mc"], "outer": ["grp", "more"]},
+           "higher_is_better": {"grp": {"acc": True, "exact_match": True}, "mc": {"acc": True},
+                                "arith": {"exact_match": True}, "outer": {"acc": True}, "more": {"acc": True}},
+           "n-samples": {"mc": {"effective": 6}, "arith": {"effective": 12}, "more": {"effective": 4}}}
+    n = {k.split("task=")[1]: v["n"] for k, v in to_metrics(res).items()}
+    assert n["grp,measure=acc,filter=none]"] == 6 and n["grp,measure=exact_match,filter=answer]"] == 12
+    assert n["outer,measure=acc,filter=none]"] == 10 and n["mc,measure=acc,filter=none]"] == 6
+
+
 def test_a_run_killed_between_lm_eval_tasks_keeps_the_finished_ones(tasks_dir, tmp_path, monkeypatch, capsys):
     """Each finished task's metrics are kept (RUN/lm_eval_partial.json) until the axis ends: killed during the
     second task, the rerun runs only that one, and the first task's metric is the one measured before the kill."""
@@ -304,3 +326,81 @@ def test_a_task_failing_without_a_message_says_where_it_was_raised(tasks_dir, tm
     assert message != "StopIteration" and ("raised in" in message or ": " in message), message
     if message.startswith("StopIteration"):
         assert message.endswith("is the task's dataset empty?"), message
+
+
+def test_lm_eval_bootstrap_iters_reaches_the_harness_and_needs_lm_eval(tmp_path, monkeypatch, capsys):
+    """Before, simple_evaluate ran with the harness's default of 100000 bootstrap iterations: an f1 or mcc measure
+    took minutes on 6 documents, and no option changed it. Now --lm-eval-bootstrap-iters (default 1000) is passed to
+    it, is kept with the partial results' settings, and like the other --lm-eval-* options needs --lm-eval."""
+    import lm_eval.evaluator
+    import lm_eval.models.huggingface
+    import lm_eval.tasks
+
+    from opct.axes.capability import _lm_eval
+    from opct.evals.run import EvalConfig
+    from tiny_lm import cli_error
+
+    seen = []
+    monkeypatch.setattr(lm_eval.models.huggingface, "HFLM", lambda **kw: object())
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda **kw: object())
+    monkeypatch.setattr(lm_eval.evaluator, "simple_evaluate", lambda **kw: seen.append(kw["bootstrap_iters"]) or {})
+    assert EvalConfig().lm_eval_bootstrap_iters == 1000
+    for iters in (1000, 50):
+        _lm_eval(EvalConfig(model=str(tmp_path), lm_eval=True, lm_eval_bootstrap_iters=iters), ["t"], lambda *a: None)
+    assert seen == [1000, 50]
+    line = cli_error(capsys, ["eval", "--model", str(tmp_path / "m"), "--suite", "capability",
+                              "--lm-eval-bootstrap-iters", "10", "--out", str(tmp_path / "ev")])
+    assert line.startswith("opct: error: --lm-eval-bootstrap-iters is an option of --lm-eval, which is not on")
+
+
+def test_a_task_yaml_without_dataset_path_is_refused_naming_the_file_and_field(tasks_dir, tmp_path):
+    """Before, such a task ran and failed with "TypeError: expected str, bytes or os.PathLike object, not NoneType",
+    naming neither the YAML nor the field; now it is refused before the model loads, naming both (an include that
+    gives the dataset_path is followed; a task given as a YAML's path is checked too)."""
+    from opct.evals.lm_eval_bridge import check_tasks
+
+    include = tmp_path / "tasks"
+    shutil.copytree(tasks_dir, include)
+    (include / "nods.yaml").write_text('task: nods\noutput_type: generate_until\ntest_split: test\n'
+                                       'doc_to_text: "{{q}}"\ndoc_to_target: "{{a}}"\n')
+    (include / "child.yaml").write_text("include: opct_arith.yaml\ntask: child_task\n")
+    check_tasks(["opct_arith", "child_task"], include)  # dataset_path from its include: fine
+    with pytest.raises(OpctError) as e:
+        check_tasks(["opct_arith", "nods"], include)
+    assert str(e.value).startswith(f"lm_eval_tasks: {include}/nods.yaml: task 'nods' has no dataset_path")
+    with pytest.raises(OpctError, match="nods.yaml: task 'nods' has no dataset_path"):
+        check_tasks([str(include / "nods.yaml")])
+
+
+def test_a_task_yaml_whose_include_is_missing_is_named_when_its_task_is_not_found(tasks_dir, tmp_path):
+    """Before, a YAML whose `include:` file is not there was skipped by the harness and its task reported only as
+    "not a task lm-eval knows: 'inc_task'"; now the message names the YAML and the missing include."""
+    from opct.evals.lm_eval_bridge import check_tasks
+
+    include = tmp_path / "tasks"
+    shutil.copytree(tasks_dir, include)
+    (include / "inc.yaml").write_text("include: missing_base.yaml\ntask: inc_task\n")
+    with pytest.raises(OpctError) as e:
+        check_tasks(["inc_task", "opct_arith"], include)
+    assert str(e.value).startswith("lm_eval_tasks: not a task lm-eval knows: 'inc_task'")
+    assert f"; {include}/inc.yaml: include missing_base.yaml: no such file ({include}/missing_base.yaml)" \
+        in str(e.value)
+
+
+def test_a_resume_may_name_the_include_folder_and_a_task_yaml_by_another_path(tmp_path, monkeypatch):
+    """A task given as a YAML path was compared as text: `opct eval --resume` with its absolute path was refused as
+    'changed: config.lm_eval_tasks'; now, like the include folder (and the model), it is compared by what it
+    names. Another task, or another file, is still a change."""
+    import opct.evals.run  # noqa: F401 - registers EQUIVALENT
+    from opct.resume_check import changes
+
+    (tmp_path / "lmt3").mkdir()
+    (tmp_path / "lmt3" / "t.yaml").write_text("task: t\n")
+    (tmp_path / "lmt3" / "u.yaml").write_text("task: u\n")
+    monkeypatch.chdir(tmp_path)
+    saved = {"config": {"lm_eval_include": "lmt3", "lm_eval_tasks": ["lmt3/t.yaml", "ifeval"]}}
+    same = {"config": {"lm_eval_include": str(tmp_path / "lmt3"),
+                       "lm_eval_tasks": [str(tmp_path / "lmt3" / "t.yaml"), "ifeval"]}}
+    assert changes(saved, same) == []
+    other = {"config": {"lm_eval_include": "./lmt3/", "lm_eval_tasks": ["lmt3/u.yaml", "ifeval"]}}
+    assert [c.split(" ")[0] for c in changes(saved, other)] == ["config.lm_eval_tasks"]

@@ -205,8 +205,12 @@ def _lm_eval(cfg, tasks, log) -> tuple[dict, dict]:
     from opct.evals.resume import eval_inputs
     from opct.files import read_json, write_json_atomic
 
-    settings = {k: str(getattr(cfg, k)) for k in ("model", "adapter", "lm_eval_limit", "lm_eval_chat_template",
-                                                 "lm_eval_include", "dtype", "device")}
+    from opct.resume_check import EQUIVALENT
+
+    # paths as what they name: a resume given the include folder by another path keeps the finished tasks
+    settings = {k: str(EQUIVALENT.get(k, lambda v: v)(getattr(cfg, k)))
+                for k in ("model", "adapter", "lm_eval_limit", "lm_eval_chat_template", "lm_eval_include",
+                          "lm_eval_bootstrap_iters", "dtype", "device")}
     # and what those paths held: a task's metrics kept from a run of another model or adapter are not reused
     settings["inputs"] = {k: v for k, v in eval_inputs(cfg).items() if k in ("model", "adapter")
                           or k.startswith("lm_eval")}
@@ -229,7 +233,8 @@ def _lm_eval(cfg, tasks, log) -> tuple[dict, dict]:
     if todo:
         metrics.update(run_lm_eval(cfg.model, cfg.adapter, tasks=todo, limit=cfg.lm_eval_limit, device=cfg.device,
                                    dtype=cfg.dtype, chat_template=cfg.lm_eval_chat_template,
-                                   include_path=cfg.lm_eval_include, log=log, errors=errors, on_task=keep,
+                                   include_path=cfg.lm_eval_include, bootstrap_iters=cfg.lm_eval_bootstrap_iters,
+                                   log=log, errors=errors, on_task=keep,
                                    samples_dir=Path(cfg.out) / SAMPLES_DIR if cfg.out else None))
     if path is not None:
         path.unlink(missing_ok=True)  # the axis's metrics are written next, with the others

@@ -2,7 +2,8 @@
 
     pip install 'opct[lmeval]'       # lm-eval is not a dependency of opct
     opct eval --model DIR [--adapter DIR] --suite capability --lm-eval [--lm-eval-tasks T ...]
-              [--lm-eval-include DIR] [--lm-eval-limit N] [--no-lm-eval-chat-template] --out RUN
+              [--lm-eval-include DIR] [--lm-eval-limit N] [--lm-eval-bootstrap-iters N] [--no-lm-eval-chat-template]
+              --out RUN
 
 runs the tasks (default: `minerva_math500`, `gpqa_diamond_cot_zeroshot`, `ifeval` — MATH-500, GPQA-Diamond, IFEval,
 as in the OPCT paper; they fetch their datasets from the Hugging Face hub, and IFEval needs `langdetect`, MATH
@@ -12,18 +13,18 @@ any. The model's chat template is applied to every request (`apply_chat_template
 turns it off): an instruction-tuned model asked without its template answers another question.
 
 Each task and measure becomes a metric `capability.lm_eval[task=...,measure=...,filter=...]` (the filter's name
-kept, so a task with several filters does not overwrite itself); only the measures the harness scores (those in
-its `higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are
-the harness's normal approximation (value ± 1.96 stderr), clipped to the measure's range where `RANGES` knows it
-([0, 1] for an accuracy, [-1, 1] for a Matthews correlation; never by the value: an MCC of 0.2 is no rate); `n` is
-the number of documents evaluated (a group's: those of its tasks). Each document's prompt (as sent), responses,
-target and scores go to `RUN/lm_eval_samples/TASK.jsonl` (`write_samples`). A task that fails is logged and listed in
-`errors` (run.json's `lm_eval_errors`; a resumed eval runs it again), and the others still run; a task name the
-harness does not know is refused before anything runs (`check_tasks`, from `opct.evals.run.check_config`); one it
-cannot find is reported with the include folder's YAML files that do not parse (the harness skips those without a
-word, so a typo in one reads as "not a registered task"). When `lm_eval` is not installed the bridge is skipped with
-a message saying so, and every task asked for is listed in `errors` as not run (so `opct eval` exits 1 and an
-experiment's report lists them); it never stops the run.
+kept, so a task with several filters does not overwrite itself); only the measures the harness scores (those in its
+`higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are the
+harness's normal approximation (value ± 1.96 stderr), clipped to the measure's range where `RANGES` knows it ([0, 1]
+for an accuracy, [-1, 1] for a Matthews correlation; never by the value: an MCC of 0.2 is no rate); `n` is the
+number of documents evaluated (a group's: those of its tasks that have the measure). Each document's prompt (as
+sent), responses, target and scores go to `RUN/lm_eval_samples/TASK.jsonl` (`write_samples`). A task that fails is
+logged and listed in `errors` (run.json's `lm_eval_errors`; a resumed eval runs it again), and the others still run;
+a task name the harness does not know is refused before anything runs (`check_tasks`, from
+`opct.evals.run.check_config`); one it cannot find is reported with the include folder's YAML files that do not
+parse (the harness skips those without a word, so a typo in one reads as "not a registered task"). When `lm_eval` is
+not installed the bridge is skipped with a message saying so, and every task asked for is listed in `errors` as not
+run (so `opct eval` exits 1 and an experiment's report lists them); it never stops the run.
 """
 
 from __future__ import annotations
@@ -51,11 +52,15 @@ SKIP_MESSAGE = ("capability: lm-evaluation-harness bridge skipped: the `lm_eval`
 
 def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, batch_size: int | str = 8,
                 device: str = "cpu", dtype: str = "float32", chat_template: bool = True, include_path=None,
-                log=print, errors: dict | None = None, on_task=None, samples_dir=None) -> dict:
+                log=print, errors: dict | None = None, on_task=None, samples_dir=None,
+                bootstrap_iters: int = 1000) -> dict:
     """Run the tasks one by one; return opct metrics (empty, after logging `SKIP_MESSAGE`, when the harness is
     missing). A task that raises is logged and recorded in `errors` (task -> message); the others still run.
     `on_task(task, metrics)` is called as each task finishes (to keep its metrics should the run be killed).
-    `samples_dir`: where each evaluated (sub)task's documents go, one JSON line each (`write_samples`)."""
+    `samples_dir`: where each evaluated (sub)task's documents go, one JSON line each (`write_samples`).
+    `bootstrap_iters`: the harness's bootstrap iterations for the stderr of a measure aggregated otherwise than by a
+    mean (f1, mcc, bleu: at its default of 100000 each such measure took minutes on 6 documents; a mean's stderr is
+    computed directly, whatever this is; 0 computes no stderr at all)."""
     if not available():
         log(SKIP_MESSAGE)
         if errors is not None:  # asked for and not run: said like a failure, so no report reads the absence as a pass
@@ -73,7 +78,7 @@ def run_lm_eval(model_dir, adapter=None, tasks=TASKS, limit: int | None = None, 
     for task in tasks:
         try:
             results = evaluator.simple_evaluate(model=lm, tasks=[task], limit=limit, task_manager=manager,
-                                                apply_chat_template=chat_template,
+                                                apply_chat_template=chat_template, bootstrap_iters=bootstrap_iters,
                                                 log_samples=samples_dir is not None)
         except Exception as e:  # noqa: BLE001 - one task's failure (a missing dataset or extra) must not lose the rest
             detail = first_line(e, "")
@@ -114,6 +119,8 @@ def check_tasks(tasks, include_path=None) -> None:
     if not bad:
         if folder and (twice := defined_twice(folder, tasks)):
             raise OpctError(f"lm_eval_tasks: {twice}")
+        if lacking := lacking_fields(folder, tasks):
+            raise OpctError(f"lm_eval_tasks: {lacking}")
         return
     said = []
     for t in bad:
@@ -200,21 +207,28 @@ def _raised_at(e: BaseException) -> str:
 def _read_yamls(folder):
     """(path, its YAML value, or the YAMLError / OSError reading it raised) for each task YAML under `folder`, in path
     order; lm-eval's own tags, such as `!function`, are read as None."""
+    for path in sorted(Path(folder).rglob("*.y*ml")):
+        yield path, _read_one(path)
+
+
+def _read_one(path: Path):
+    """A YAML file's value (lm-eval's tags, such as `!function`, read as None), or the YAMLError / OSError reading it
+    raised."""
     import yaml
 
     class _Loader(yaml.SafeLoader):
         pass
 
     _Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
-    for path in sorted(Path(folder).rglob("*.y*ml")):
-        try:
-            yield path, yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader
-        except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
-            yield path, e
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506 - SafeLoader
+    except (yaml.YAMLError, OSError, UnicodeDecodeError) as e:
+        return e
 
 
 def unparseable_yamls(folder) -> list[str]:
-    """`FILE:LINE: problem` for each task YAML under `folder` that is not valid YAML. At most 5."""
+    """`FILE:LINE: problem` for each task YAML under `folder` that is not valid YAML, or whose `include` cannot be
+    read (`FILE: include NAME: no such file (PATH)`): the harness skips those without a word. At most 5."""
     import yaml
 
     bad = []
@@ -226,6 +240,11 @@ def unparseable_yamls(folder) -> list[str]:
             bad.append(f"{path}{line}: not valid YAML ({problem})")
         elif isinstance(value, Exception):
             bad.append(f"{path}: cannot read ({first_line(value, type(value).__name__)})")
+        elif isinstance(value, dict) and "include" in value:  # the harness skips it as silently (2026-12-07)
+            try:
+                _merged(path, value)
+            except ValueError as e:
+                bad.append(f"{path}: {e}")
         if len(bad) == 5:
             break
     return bad
@@ -245,18 +264,73 @@ def defined_twice(folder, tasks) -> str | None:
     return None
 
 
+def _merged(path: Path, value, seen=()) -> dict:
+    """A task YAML's keys with those of the files it `include`s (a name, or a list of them, relative to its folder;
+    its own keys win), as the harness merges them. An include that cannot be read is a ValueError naming it."""
+    if not isinstance(value, dict) or "include" not in value:
+        return value if isinstance(value, dict) else {}
+    merged: dict = {}
+    includes = value["include"] if isinstance(value["include"], list) else [value["include"]]
+    for inc in includes:
+        target = path.parent / str(inc) if not Path(str(inc)).is_absolute() else Path(str(inc))
+        if not target.is_file():
+            raise ValueError(f"include {inc}: no such file ({target})")
+        if target.resolve() in seen:
+            raise ValueError(f"include {inc}: includes itself")
+        inner = _read_one(target)
+        if isinstance(inner, Exception):
+            raise ValueError(f"include {inc}: cannot read it ({first_line(inner, type(inner).__name__)})")
+        merged.update({k: v for k, v in _merged(target, inner, (*seen, path.resolve())).items() if k != "task_list"})
+    merged.update({k: v for k, v in value.items() if k != "include"})
+    return merged
+
+
+def lacking_fields(folder, tasks) -> str | None:
+    """`FILE: task NAME has no dataset_path ...` for the first of `tasks` (a name a YAML under `folder` defines, or a
+    YAML's path) whose YAML, with its includes, names no dataset: the harness ran it and failed with "TypeError:
+    expected str, bytes or os.PathLike object, not NoneType", naming neither file nor field (2026-12-07). A task of
+    its own Python class (`class:`) is not checked."""
+    found = [(Path(t), _read_one(Path(t))) for t in tasks if Path(t).suffix in (".yaml", ".yml") and Path(t).is_file()]
+    found += [(p, v) for p, v in (_read_yamls(folder) if folder else ())
+              if isinstance(v, dict) and isinstance(v.get("task"), str) and v["task"] in tasks]
+    for path, value in found:
+        try:
+            cfg = _merged(path, value)
+        except ValueError:
+            continue  # the harness does not index it: an unknown task, said as such
+        if isinstance(cfg.get("task"), str) and "class" not in cfg and not cfg.get("dataset_path"):
+            return (f"{path}: task {cfg['task']!r} has no dataset_path (where lm-eval reads its documents from, e.g. "
+                    f"dataset_path: json with dataset_kwargs.data_files)")
+    return None
+
+
 # The range of the harness's measures that have one, by name: the means of 0/1 scores (and IFEval's and TruthfulQA's
-# rates) lie in [0, 1], a Matthews correlation in [-1, 1]. Any other measure (BLEU in [0, 100], a Brier score in
+# rates) and an F1 score (the harness's `f1`, its aggregation sklearn's f1_score) lie in [0, 1], a Matthews
+# correlation in [-1, 1]. Any other measure (BLEU in [0, 100], a Brier score in
 # [0, 2], a perplexity, a task's own metric) keeps the normal approximation's interval as it is.
 RANGES = {**dict.fromkeys(("acc", "acc_norm", "acc_mutual_info", "exact_match", "mc1", "mc2",
                            "prompt_level_strict_acc", "prompt_level_loose_acc", "inst_level_strict_acc",
-                           "inst_level_loose_acc"), (0.0, 1.0)),
+                           "inst_level_loose_acc", "f1"), (0.0, 1.0)),
           "mcc": (-1.0, 1.0)}
 
 
 def _clip(x: float, measure: str) -> float:
     low, high = RANGES.get(measure, (-float("inf"), float("inf")))
     return min(high, max(low, x))
+
+
+def _documents(results: dict, task: str, key: str, total) -> int:
+    """The documents measure `key` (`measure,filter`) of `task` was computed on: a task's own count (`total`); a
+    group's, the sum over its (sub)tasks that have the measure (until 2026-12-07 every measure of a group read the
+    group's whole count: acc from 6 documents and exact_match from 12 both said n=18). `total` where the harness
+    names no subtasks."""
+    children = (results.get("group_subtasks") or {}).get(task)
+    if not children:
+        return total
+    n_samples, res = results.get("n-samples", {}), results.get("results", {})
+    found = [_documents(results, c, key, n_samples.get(c, {}).get("effective", res[c].get("sample_len", 0)))
+             for c in children if key in res.get(c, {})]
+    return sum(found) if found else total
 
 
 def to_metrics(results: dict) -> dict:
@@ -266,7 +340,7 @@ def to_metrics(results: dict) -> dict:
     scored = results.get("higher_is_better", {})
     for task, res in results.get("results", {}).items():
         # a group has no n-samples entry of its own; its result holds how many documents its tasks scored
-        n = n_samples.get(task, {}).get("effective", res.get("sample_len", 0))
+        total = n_samples.get(task, {}).get("effective", res.get("sample_len", 0))
         directions = scored.get(task)
         for key, value in res.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool) or "_stderr" in key or key == "alias":
@@ -281,5 +355,6 @@ def to_metrics(results: dict) -> dict:
                 "value": float(value),
                 "ci_low": None if err is None else _clip(float(value) - 1.96 * err, measure),
                 "ci_high": None if err is None else _clip(float(value) + 1.96 * err, measure),
-                "n": int(n), "higher_is_better": bool(hib) if hib is not None else True, "parse_fail": 0}
+                "n": int(_documents(results, task, key, total)),
+                "higher_is_better": bool(hib) if hib is not None else True, "parse_fail": 0}
     return out

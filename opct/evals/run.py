@@ -124,6 +124,8 @@ class EvalConfig:
     lm_eval_include: Optional[str] = option(None, "lm-eval: a folder of your own task YAMLs")
     lm_eval_chat_template: bool = option(True, "lm-eval: render every request with the model's chat template")
     lm_eval_limit: Optional[int] = option(None, "lm-eval: documents per task (default: all)", ge=1)
+    lm_eval_bootstrap_iters: int = option(1000, "lm-eval: bootstrap iterations for the stderr of a measure that is "
+                                                "no mean (f1, mcc, ...; lm-eval's 100000: minutes); 0: no stderr", ge=0)
     dtype: str = option("float32", "model dtype", choices=["float32", "bfloat16", "float16"])
     device: str = option("cpu", "torch device", device=True)
     threads: Optional[int] = option(None, "CPU threads for torch (default: 1 for models under 100M parameters on "
@@ -202,7 +204,14 @@ def _path_named(value):
         return value
 
 
-EQUIVALENT.update(dict.fromkeys(("model", "adapter", "items", "axis_items", "lm_eval_include"), _path_named))
+def _tasks_named(value):
+    """`lm_eval_tasks`, each task given as a YAML's path as `_path_named` names it (until 2026-12-07: as text)."""
+    return [_path_named(t) if str(t).endswith((".yaml", ".yml")) else t for t in value] if isinstance(value, list) \
+        else value
+
+
+EQUIVALENT.update(dict.fromkeys(("model", "adapter", "items", "axis_items", "lm_eval_include"), _path_named),
+                  lm_eval_tasks=_tasks_named)
 
 
 def suite_names(suite: str) -> list[str]:
@@ -239,7 +248,8 @@ def check_config(cfg: EvalConfig) -> dict[str, list[dict]]:
     if not cfg.out:
         raise OpctError("--out is required (the run directory to write)")
     defaults = defaults_of(EvalConfig)
-    lm_flags = [f"--{name.replace('_', '-')}" for name in ("lm_eval_tasks", "lm_eval_include", "lm_eval_limit")
+    lm_flags = [f"--{name.replace('_', '-')}" for name in ("lm_eval_tasks", "lm_eval_include", "lm_eval_limit",
+                                                          "lm_eval_bootstrap_iters")
                 if getattr(cfg, name) != defaults[name]] \
         + (["--no-lm-eval-chat-template"] if not cfg.lm_eval_chat_template else [])
     if lm_flags and not cfg.lm_eval:
