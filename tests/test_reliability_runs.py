@@ -501,9 +501,18 @@ def test_a_moved_run_directory_resumes(tmp_path, model_dir, capsys):
     shutil.move(a, b)
     assert main(_train_args(model_dir, b / "pairs.jsonl", b / "run", "--max-steps", "3", "--resume")) == 0
     assert [r["step"] for r in metrics(b / "run")] == [1, 2, 3]
+    # a run continuing an adapter of the moved tree (a wash-out study's wash: "changed: init_adapter" before)
+    assert main(_train_args(model_dir, b / "pairs.jsonl", b / "cont", "--max-steps", "1", "--init-adapter",
+                            str(b / "run" / "final"))) == 0
+    c = tmp_path / "third" / "c"
+    c.parent.mkdir()
+    shutil.move(b, c)
+    assert main(_train_args(model_dir, c / "pairs.jsonl", c / "cont", "--max-steps", "2", "--init-adapter",
+                            str(c / "run" / "final"), "--resume")) == 0
+    assert [r["step"] for r in metrics(c / "cont")] == [1, 2]
     # another pairs file is still another configuration
     other = tiny_lm.write_pairs(tmp_path / "other.jsonl", tiny_lm.make_pairs()[:-1])
-    err = cli_error(capsys, _train_args(model_dir, other, b / "run", "--max-steps", "4", "--resume"))
+    err = cli_error(capsys, _train_args(model_dir, other, c / "run", "--max-steps", "4", "--resume"))
     assert "cannot resume with a different configuration; changed: pairs" in err
 
 

@@ -19,8 +19,9 @@ from opct.train.checkpoint import checkpoint_step, checkpoints, latest_checkpoin
 from opct.train.config import RESUMABLE_CHANGES, TrainConfig
 
 
-# Path fields of TrainConfig: a run directory moved together with its files may still be resumed.
-PATH_FIELDS = ("model", "pairs", "targets", "teacher_model")
+# Path fields of TrainConfig: a run directory moved together with its files may still be resumed (init_adapter since
+# 2026-12-07: a wash-out study's wash, which continues the adapter beside it, was refused once its run was moved)
+PATH_FIELDS = ("model", "pairs", "targets", "teacher_model", "init_adapter")
 
 
 def _same_file(saved: str, now: str, saved_out: str, now_out: str) -> bool:
