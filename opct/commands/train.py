@@ -39,12 +39,15 @@ def run(args) -> int:
     from opct.train.loop import train
     from opct.train.sharded import end_processes
 
+    import os
+
     config = build_config(TrainConfig, args, args.config, check=_check)
     try:
         out = train(config)
     finally:
         end_processes()  # under `accelerate launch`: the process group torn down in order, error or not
-    print(f"opct train: done; model in {out / 'final'}, metrics in {out / 'metrics.jsonl'}")
+    if os.environ.get("RANK", "0") == "0":  # said once, not by every rank of a launch
+        print(f"opct train: done; model in {out / 'final'}, metrics in {out / 'metrics.jsonl'}")
     return 0
 
 
