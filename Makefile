@@ -36,7 +36,7 @@ test: $(STAMP)
 	$(PYTEST) tests
 
 # The tests of the optional integrations, with their extras installed (CI runs this after `make test`).
-EXTRAS_TESTS := tests/test_lm_eval.py tests/test_trackers.py tests/test_inspect.py tests/test_inspect_provider.py tests/test_scale_zero2.py tests/test_scale_guard.py
+EXTRAS_TESTS := tests/test_lm_eval.py tests/test_trackers.py tests/test_inspect.py tests/test_inspect_provider.py tests/test_scale_zero2.py tests/test_scale_guard.py tests/test_scale_ddp.py
 test-extras: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[test,lmeval,tensorboard,wandb,inspect,deepspeed]"
 	$(PYTEST) $(EXTRAS_TESTS) -rs

@@ -78,7 +78,7 @@ def test_replay_rows_are_the_starting_models_greedy_answers_to_prompts_no_eval_a
         recs = run_axis(name, ScriptedPolicy(lambda m: "no"), n=10_000, log=lambda m: None)
         asked |= {m["content"] for r in recs for m in r["prompt"] if m["role"] == "user"}
     pool = {p.student[0]["content"] for p in replay_pairs(10_000)}
-    assert len(pool) > 2000 and len(asked) > 500
+    assert len(pool) > 1900 and len(asked) > 500
     assert not pool & asked
 
 
