@@ -393,3 +393,21 @@ def test_unparsed_answers_are_counted_and_a_change_read_off_them_is_inconclusive
     opct_row = next(ln for ln in table.splitlines() if ln.startswith("| sycophancy | opct"))
     bct_row = next(ln for ln in table.splitlines() if ln.startswith("| sycophancy | bct"))
     assert "(inconclusive: 100% unparsed in method)" in opct_row and "inconclusive" not in bct_row
+
+
+def test_an_override_added_to_or_dropped_from_a_method_already_run_is_refused(tiny_run, capsys):
+    """Only a method that had an override was compared: `method_train: {act: {act_weight: 0.5}}` added on a rerun
+    with another seed went through, and the seed-2 act cells trained at 0.5 beside seeds 0-1 at the default, in one
+    mean (threats.json recording only 0.5); dropping the override went through too."""
+    from opct.cli import main
+    from tiny_lm import cli_error
+
+    path, root, _ = tiny_run
+    data = yaml.safe_load(path.read_text())
+    added = path.with_name("added.yaml")
+    added.write_text(yaml.safe_dump({**data, "seeds": [0, 1, 2], "method_train": {"act": {"act_weight": 0.5}}}))
+    before = (root / "threats.json").read_text()
+    err = cli_error(capsys, ["run", str(added), "--no-progress"])
+    assert "was started with other settings (method_train.act ({} -> {'act_weight': 0.5}))" in err, err
+    assert (root / "threats.json").read_text() == before and not (root / "seed2").exists()
+    assert main(["run", str(path), "--no-progress"]) == 0  # the file it ran with still resumes

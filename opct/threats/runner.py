@@ -55,9 +55,12 @@ def _previous(root: Path, now: dict) -> dict:
     for t, fams in now["trained"].items():  # a threat already run keeps its families
         if t in old.get("trained", {}) and old["trained"][t] != fams:
             changed.append(f"trained.{t} ({old['trained'][t]!r} -> {fams!r})")
-    for m, over in now["method_train"].items():
-        if m in old.get("method_train", {}) and old["method_train"][m] != over:
-            changed.append(f"method_train.{m} ({old['method_train'][m]!r} -> {over!r})")
+    # a method run before trains as it did: an override added to it, dropped or changed is a change (one that had
+    # none counts as {}; until 2026-12-07 adding one went through, and a cell mixed seeds trained both ways)
+    for m in [m for m in now.get("methods", []) if m in old.get("methods", [])]:
+        was, over = old.get("method_train", {}).get(m, {}), now["method_train"].get(m, {})
+        if was != over:
+            changed.append(f"method_train.{m} ({was!r} -> {over!r})")
     if old.get("eval_trained") not in (None, now["eval_trained"]):
         changed.append("eval_trained (the evaluated split: the families of some axis changed)")
     if restart_allowed(root, path.name, changed):
