@@ -136,6 +136,9 @@ def check_item(obj, schema: dict, path, line: int) -> None:
         if fname not in obj or obj[fname] is None:
             if spec.required:
                 raise DataError(path, line, fname, f"missing (must be {spec.what})")
+            # null is absent: taken out, so every reader sees the field's default (`"harmful": null` passed as
+            # absent here, then read as None: a harmful request counted benign; null marker words crashed the axis)
+            obj.pop(fname, None)
             continue
         v = obj[fname]
         if not _type_ok(v, spec.types):
