@@ -135,9 +135,11 @@ def direct_anchor(item: dict) -> Pair:
     "small SFT term on refusals"), the answer to a benign one. Without them, training against a compliance prefix
     moved the answers to bare requests (measured, OPCT at 200 steps and lr 3e-3, one seed: with no direct anchors it
     answered 8% of the benign requests asked directly; with benign ones only it complied with 56% of the harmful
-    ones). A harmful request of a held-out category is held out."""
+    ones). A request held out (a harmful one of a held-out category, or any item marked held out) is held out: until
+    2026-12-07 a user's benign item marked held out reached training through this anchor while its evaluation read
+    it as held out (the jailbreak axis held it out entirely)."""
     harmful = bool(item.get("harmful", True))
-    split = "heldout" if harmful and item.get("split") == "heldout" else "train"
+    split = "heldout" if item.get("split") == "heldout" else "train"
     meta = {"family": "direct", "split": split, "item_id": item["id"], "category": item.get("category", ""),
             "harmful": harmful, "prefill": ""}
     if split == "heldout":
