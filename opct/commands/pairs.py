@@ -191,7 +191,7 @@ def _make(args) -> int:
 
 
 def _check(args) -> int:
-    from opct.evals.run import check_trained, parse_trained
+    from opct.evals.trained import check_trained, parse_trained
     from opct.pairs.make import split_hygiene, trained_on, trains_heldout
     from opct.pairs.schema import line_of, load_pairs
 

@@ -38,7 +38,8 @@ from typing import ClassVar, Optional
 from opct.config import SEED, ConfigError, construct, option, validate
 from opct.errors import OpctError
 from opct.evals.attack import AttackConfig
-from opct.evals.run import EvalConfig, check_pair_options, check_trained, parse_trained
+from opct.evals.run import EvalConfig
+from opct.evals.trained import check_pair_options, check_trained, parse_trained
 from opct.files import is_dir_name
 from opct.trackers import PACKAGES as TRACKERS
 from opct.train.config import TrainConfig, check_method, check_used
