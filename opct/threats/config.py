@@ -30,7 +30,7 @@ SAMPLE_FIELDS = ("max_steps", "batch_size", "grad_accum", "replay_frac", "replay
 # control at 0.001 under a report line saying every cell trained at 0.001)
 MATCHED_FIELDS = SAMPLE_FIELDS + ("lora", "lora_r", "lora_alpha", "lora_targets", "lr", "lr_schedule", "warmup_steps")
 DEFAULT_METHODS = ("opct", "bct", "act", "mlpct", "attct")
-# --quick: the first seed only (no interval over seeds: cells read "n/a"), fewer steps and items.
+# --quick: the first seed only (no interval over seeds: cells read "(n=1)"), fewer steps and items.
 QUICK = {"seeds": 1, "train": {"max_steps": 16, "save_every": 8}, "eval": {"n": 16}}
 
 
