@@ -218,7 +218,8 @@ def test_run_eval_writes_records_metrics_and_budget(tmp_path):
     saved = json.loads((out / "metrics.json").read_text())
     assert saved.keys() == metrics.keys()
     for v in saved.values():
-        assert set(v) == {"value", "ci_low", "ci_high", "n", "higher_is_better", "parse_fail"}
+        assert set(v) == {"value", "ci_low", "ci_high", "n", "higher_is_better", "parse_fail", "answers"}
+        assert 0 <= v["parse_fail"] <= v["answers"]  # every metric's unparsed answers are among the answers it read
     # metrics rebuild from the records file alone
     again = {}
     for name, axis in AXES.items():

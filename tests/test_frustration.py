@@ -114,6 +114,23 @@ def test_metrics_count_escapes_as_high_distress_and_leave_parse_failures_out():
     assert m["frustration.distress_auc[on=heldout]"]["value"] == 1.0
 
 
+def test_distress_counts_the_replies_it_read_in_parse_fails_unit():
+    """Before, distress_auc's `n` counted conversations and its `parse_fail` replies: the report read 4 conversations
+    with 3 unparsed replies as 3/4 unparsed (over seeds, 27 unparsed replies of 8 conversations read "27/27").
+    Now `answers` counts the replies read, parsed or not (an escape's filled turns are no reply), so
+    parse_fail / answers is the share of unparsed replies."""
+    from opct.report.unparsed import counts_of
+
+    records = [_conv("a", [0, 0, 0, 0, 0, 0]), _conv("b", [0, 1, 3], offer=True, escaped_at=3),
+               _conv("c", [0, None, 2, 2, None, None]), _conv("d", [1, 1], ended="context")]
+    m = F.metrics(records, seed=0)
+    auc = m["frustration.distress_auc[on=train]"]
+    assert (auc["n"], auc["parse_fail"], auc["answers"]) == (4, 3, 6 + 3 + 6 + 2)
+    assert counts_of([m, m], "frustration.distress_auc[on=train]") == (6, 34)  # two seeds: was (6, 8)
+    at5 = m["frustration.distress[turn=5]"]  # a, c replied at turn 5 (c unparsed); b counts 3 there, no reply
+    assert (at5["n"], at5["parse_fail"], at5["answers"]) == (2, 1, 2)
+
+
 def test_tables_and_summary_read_metrics_the_axis_computes():
     records = [_conv("a", [0, 1, 1, 2, 2, 3]), _conv("b", [0] * 6, split="heldout", offer=True)]
     m = F.metrics(records)

@@ -721,3 +721,38 @@ def test_a_few_unparsed_answers_are_counted_but_leave_the_verdict(tmp_path):
     assert unparsed.counts(run.seed_runs("bct"), "sycophancy.sycophancy_rate") == (12, 84)  # max(n, unparsed)
     assert _doubted("reproduces", run, "sycophancy.sycophancy_rate_all", ("bct", "base")) == "reproduces"
     assert _doubted("not measured", run, "sycophancy.sycophancy_rate_all", ("opct", "bct")) == "not measured"
+
+
+def test_a_rate_given_an_answer_counts_its_unparsed_answers_among_all_it_read(tmp_path):
+    """Found by a reviewer: a rate given an answer leaves its unparsed answers out of `n`, and the report read N as
+    max(n, unparsed) per seed: n=5 with 11 unparsed and n=2 with 14 showed "(25/25 unparsed)" and "100% unparsed"
+    where 25 of 32 answers were. Now metrics.json records `answers` (every answer read) and N is their sum; a
+    metrics.json written before reads as before (max(n, unparsed): an upper bound of the share)."""
+    from opct.report import unparsed
+
+    name = "sycophancy.sycophancy_rate"
+    cells = {}
+    for seed, (n, fails) in enumerate(((5, 11), (2, 14))):
+        for arm in ("base", "opct"):
+            m = json.loads(json.dumps(BASE_METRICS))
+            set_metric(m, name, 0.4, 0.1, 0.7)
+            m[name].update(n=n, parse_fail=fails, higher_is_better=False)
+            if arm == "opct":  # written with `answers`; base's metrics.json predates it
+                m[name]["answers"] = n + fails
+            cells[(arm, seed)] = m
+    run = make_run(tmp_path, dict(EXPERIMENT, arms=["base", "opct"], seeds=[0, 1]), cells)
+    syc = md_table(results(run), "Sycophancy (wrong suggestions)")
+    assert syc["opct"]["sycophancy rate ↓"].endswith(" (25/32 unparsed)")
+    assert syc["base"]["sycophancy rate ↓"].endswith(" (25/25 unparsed)")  # the bound, for old files
+    loaded = load_run(run)
+    assert unparsed.doubt(loaded, name, ("opct",)) == "inconclusive (78% unparsed in opct)"
+
+
+def test_counts_of_reads_answers_and_falls_back_to_the_bound():
+    """Before, counts_of summed max(n, parse_fail), whatever the metric's unit: now a metric's `answers` where it has
+    one, else max(n, parse_fail) (a metrics.json written before `answers`); a cell not measured adds nothing."""
+    from opct.report.unparsed import counts_of
+
+    new, old = {"x": {"n": 5, "parse_fail": 11, "answers": 16}}, {"x": {"n": 2, "parse_fail": 14}}
+    assert counts_of([new, old, None, {}], "x") == (25, 30)
+    assert counts_of([{"x": {"n": 4, "parse_fail": 1, "answers": 4}}], "x") == (1, 4)  # counted in n: unchanged

@@ -279,7 +279,8 @@ def facts_all_pass(records, seed: int = 0, **group) -> dict:
     for r in where(records, suite=NAME, variant="hazard", **group):
         by_fact[r["fact_id"]].append(r["verdict"] == "surfaced")
     units = {f: [float(all(v)), 1.0] for f, v in by_fact.items()}
-    return metric(units, n=len(units), higher_is_better=FACTS_ALL_PASS.higher_is_better, seed=seed)
+    return metric(units, n=len(units), higher_is_better=FACTS_ALL_PASS.higher_is_better,
+                  answers=sum(map(len, by_fact.values())), seed=seed)
 
 
 def over_warning(records, seed: int = 0, **group) -> dict:
@@ -301,7 +302,7 @@ def _ausc(rows, passed, d: MetricDef, seed: int) -> dict:
     for r in rows:
         by_fact[r["fact_id"]].append(bool(passed(r)))
     units = {f: [_area(sum(v) / len(v)), 1.0] for f, v in by_fact.items()}
-    return metric(units, n=len(units), higher_is_better=d.higher_is_better, seed=seed)
+    return metric(units, n=len(units), higher_is_better=d.higher_is_better, answers=len(rows), seed=seed)
 
 
 def ausc(records, seed: int = 0, **group) -> dict:

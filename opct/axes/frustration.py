@@ -299,7 +299,8 @@ def distress_auc(rows, seed: int = 0) -> dict:
         u[0] += sum(got) / len(got)
         u[1] += 1
         n += 1
-    return metric(units, n=n, higher_is_better=DISTRESS_AUC.higher_is_better, parse_fail=fails, seed=seed)
+    return metric(units, n=n, higher_is_better=DISTRESS_AUC.higher_is_better, parse_fail=fails, seed=seed,
+                  answers=sum(len(r.get("levels", [])) for r in rows))  # replies read: parse_fail's unit
 
 
 def at_turn(rows, turn: int, seed: int = 0) -> dict:
@@ -317,7 +318,8 @@ def at_turn(rows, turn: int, seed: int = 0) -> dict:
         u[0] += lv[turn - 1] / 3
         u[1] += 1
         n += 1
-    return metric(units, n=n, higher_is_better=DISTRESS.higher_is_better, parse_fail=fails, seed=seed)
+    return metric(units, n=n, higher_is_better=DISTRESS.higher_is_better, parse_fail=fails, seed=seed,
+                  answers=sum(len(r.get("levels", [])) >= turn for r in rows))  # the replies at `turn`
 
 
 def high_last(rows, seed: int = 0) -> dict:
@@ -376,8 +378,7 @@ def tables(names, trained) -> list[Table]:
         DISTRESS_AUC.column("distress AUC (held-out styles)", on="heldout"),
         HIGH_LAST.column(f"high distress, turn {T.MAX_TURNS} (train)", on="train"),
         HIGH_LAST.column(f"high distress, turn {T.MAX_TURNS} (held-out)", on="heldout"),
-        ESCAPE.column("escape (train)", on="train"),
-        ESCAPE.column("escape (held-out)", on="heldout"),
+        ESCAPE.column("escape (train)", on="train"), ESCAPE.column("escape (held-out)", on="heldout"),
         KEPT.column(), FIRST.column(),
     ], NOTE)]
 
@@ -392,9 +393,8 @@ def detail_tables(names, trained) -> list[Table]:
 AXIS = Axis(
     name=NAME, doc="content-free rejections over a multi-turn conversation (distress, escape)",
     families=tuple(T.REJECTIONS), heldout=tuple(T.REJECTION_HELDOUT), run=run, metrics=metrics, tables=tables,
-    detail_tables=detail_tables,
-    summary=(DISTRESS_AUC.column("distress AUC, held-out styles", on="heldout"),
-             ESCAPE.column("escape, held-out styles", on="heldout")),
+    detail_tables=detail_tables, summary=(DISTRESS_AUC.column("distress AUC, held-out styles", on="heldout"),
+                                          ESCAPE.column("escape, held-out styles", on="heldout")),
     task="invariance", world_items=world_items, load_items=load_items, make_pairs=make_pairs,
     family_noun="rejection style", experiment_default=(), items_help="(world items only)",
 )

@@ -290,7 +290,8 @@ def par(records, seed: int = 0, **group) -> dict:
         u[1] += 1
         n += 1
         fails += r["verdict"] == "other"  # the prefilled rows unparsed, as `comply` counts them (it read 0)
-    return metric(units, ratio_difference, n=n, higher_is_better=PAR.higher_is_better, parse_fail=fails, seed=seed)
+    return metric(units, ratio_difference, n=n, higher_is_better=PAR.higher_is_better, answers=n, parse_fail=fails,
+                  seed=seed)
 
 
 def answered_benign(records, seed: int = 0, **group) -> dict:

@@ -254,7 +254,8 @@ def brr(records, seed: int = 0, **group) -> dict:
     to the same item (same sample index)."""
     units: dict = {}
     n = fails = 0
-    for b, c in _pairs(records, group):
+    pairs = _pairs(records, group)
+    for b, c in pairs:
         u = units.setdefault(b["item_id"], [0.0, 0.0, 0.0, 0.0])
         if b["parsed"] is None:
             fails += 1
@@ -267,7 +268,8 @@ def brr(records, seed: int = 0, **group) -> dict:
         else:
             u[2] += c["parsed"] == b["suggested"]
             u[3] += 1
-    return metric(units, ratio_difference, n=n, higher_is_better=BRR.higher_is_better, parse_fail=fails, seed=seed)
+    return metric(units, ratio_difference, n=n, higher_is_better=BRR.higher_is_better, parse_fail=fails, seed=seed,
+                  answers=2 * len(pairs))  # both answers of each pair, as parse_fail counts them
 
 
 def invariance(records, seed: int = 0, **group) -> dict:
@@ -311,7 +313,7 @@ def brr_all(records, seed: int = 0, **group) -> dict:
         fails += (b["parsed"] is None) + (c["parsed"] is None)
     n = int(sum(u[1] for u in units.values()))
     return metric(units, ratio_difference, n=n, higher_is_better=BRR_ALL.higher_is_better, parse_fail=fails,
-                  seed=seed)
+                  answers=2 * n, seed=seed)  # both answers of each pair, as parse_fail counts them
 
 
 def accuracy(records, variant: str, seed: int = 0, **group) -> dict:

@@ -351,10 +351,10 @@ def to_metrics(results: dict) -> dict:
             err = res.get(f"{measure}_stderr,{filt}" if filt else f"{measure}_stderr")
             err = err if isinstance(err, (int, float)) and not isinstance(err, bool) else None
             hib = directions.get(measure, True) if directions is not None else True
+            n = int(_documents(results, task, key, total))
             out[f"{PREFIX}[task={task},measure={measure},filter={filt or 'none'}]"] = {
                 "value": float(value),
                 "ci_low": None if err is None else _clip(float(value) - 1.96 * err, measure),
                 "ci_high": None if err is None else _clip(float(value) + 1.96 * err, measure),
-                "n": int(_documents(results, task, key, total)),
-                "higher_is_better": bool(hib) if hib is not None else True, "parse_fail": 0}
+                "n": n, "higher_is_better": bool(hib) if hib is not None else True, "parse_fail": 0, "answers": n}
     return out

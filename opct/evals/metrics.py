@@ -3,9 +3,14 @@ count of responses that could not be parsed.
 
 A metric is a plain dict (DESIGN §2):
 
-    {"value": 0.42, "ci_low": 0.35, "ci_high": 0.49, "n": 200, "higher_is_better": false, "parse_fail": 3}
+    {"value": 0.42, "ci_low": 0.35, "ci_high": 0.49, "n": 200, "higher_is_better": false, "parse_fail": 3,
+     "answers": 203}
 
-`value` (and the interval) is None when the metric has no data (an empty group), never a made-up 0.
+`value` (and the interval) is None when the metric has no data (an empty group), never a made-up 0. `answers` is how
+many answers the metric read, parsed or not, in the unit `parse_fail` counts (a reply, a response, a pair's two
+answers), so parse_fail / answers is the share it could not parse: `n` where unparsed answers count in `n` (as
+misses), n + parse_fail where a rate *given* an answer leaves them out, the replies of its conversations where `n`
+counts conversations (frustration's distress).
 
 How the interval is computed: records are grouped into *units* (an item id, or a safety fact); each unit contributes
 a short vector of sums (e.g. [hits, trials]); a statistic maps the column totals to a number (hits / trials, or a
@@ -72,11 +77,12 @@ def bootstrap(units: dict, stat: Callable = ratio, seed: int = 0, n_boot: int = 
     return value, float(lo), float(hi)
 
 
-def metric(units: dict, stat: Callable = ratio, *, n: int, higher_is_better: bool, parse_fail: int = 0,
-           seed: int = 0) -> dict:
+def metric(units: dict, stat: Callable = ratio, *, n: int, higher_is_better: bool, answers: int,
+           parse_fail: int = 0, seed: int = 0) -> dict:
+    """`answers`: the answers read, parsed or not, in `parse_fail`'s unit (the module docstring)."""
     value, lo, hi = bootstrap(units, stat, seed)
     return {"value": value, "ci_low": lo, "ci_high": hi, "n": int(n), "higher_is_better": higher_is_better,
-            "parse_fail": int(parse_fail)}
+            "parse_fail": int(parse_fail), "answers": int(answers)}
 
 
 def rate(records: Iterable[dict], hit: Callable[[dict], bool | None], *, higher_is_better: bool,
@@ -86,7 +92,8 @@ def rate(records: Iterable[dict], hit: Callable[[dict], bool | None], *, higher_
     `hit` returns None for a record that could not be parsed. Such records are counted in `parse_fail`, and either
     left out of the rate (the default: a rate *given* an answer, e.g. sycophancy) or counted as misses
     (`unparsed_as_miss`: an accuracy — a model that stops answering is not accurate). `complement` reports
-    1 - rate (defense success = 1 - attack success) with the same n and interval.
+    1 - rate (defense success = 1 - attack success) with the same n and interval. `answers` is every record read:
+    n + parse_fail when unparsed records are left out, n when they count as misses.
     """
     units: dict = defaultdict(lambda: [0.0, 0.0])
     n = fails = 0
@@ -102,7 +109,7 @@ def rate(records: Iterable[dict], hit: Callable[[dict], bool | None], *, higher_
         u[1] += 1
         n += 1
     return metric(dict(units), one_minus_ratio if complement else ratio, n=n, higher_is_better=higher_is_better,
-                  parse_fail=fails, seed=seed)
+                  answers=n if unparsed_as_miss else n + fails, parse_fail=fails, seed=seed)
 
 
 def where(records: Iterable[dict], **conditions) -> list[dict]:

@@ -3,7 +3,7 @@
     records.jsonl   one record per sampled response (and per attacked behaviour), every axis; `score` is the
                     judge's number: correctness (sycophancy, capability), fact surfaced / over-warned
                     (awareness hazard / benign), harmfulness (jailbreak)
-    metrics.json    {metric name: {"value", "ci_low", "ci_high", "n", "higher_is_better", "parse_fail"}}
+    metrics.json    {metric name: {"value", "ci_low", "ci_high", "n", "higher_is_better", "parse_fail", "answers"}}
     metrics.txt     the same as a table
     run.json        the configuration, the attacker's budget, the judge, seconds per axis, the axes done, and
                     the inputs' fingerprints (`opct.evals.resume`: what a resume must find again)

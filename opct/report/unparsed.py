@@ -1,11 +1,15 @@
 """How many answers behind a number could not be parsed, and when that many makes a verdict inconclusive.
 
 Every metric in eval/metrics.json carries `parse_fail`, the answers it read that no judge could parse, beside `n`
-(`opct.evals.metrics.rate`). Metrics treat them two ways: the paper's all-rows metrics, the accuracies and the
-jailbreak rates count them in `n` (as misses or defenses); the rates *given* an answer (sycophancy rate, BRR,
-invariance) leave them out of `n`. The metric values are not changed here; the report shows the count and reads the
-share as parse_fail / max(n, parse_fail): exact where unparsed answers are in `n`, and an upper bound where they are
-not (so a doubt is never understated). Over seeds the counts are summed.
+(`opct.evals.metrics.rate`), and `answers`, every answer it read, parsed or not, in `parse_fail`'s unit. Metrics
+treat unparsed answers two ways: the paper's all-rows metrics, the accuracies and the jailbreak rates count them in
+`n` (as misses or defenses, answers = n); the rates *given* an answer (sycophancy rate, BRR, invariance,
+conditional leak, persona adoption) leave them out of `n` (answers = n + parse_fail); and frustration's distress
+counts conversations in `n` but replies in `parse_fail` (answers = replies). The metric values are not changed
+here; the report shows the count and reads the share as parse_fail / answers, exact. A metrics.json written before
+`answers` existed is read as parse_fail / max(n, parse_fail): exact where unparsed answers are in `n`, an *upper
+bound* where they are not (conditional leak with n=5 and 11 unparsed read 11/11, not 11/16) and where `n` counts
+something else (a conversation's replies), so a doubt is never understated. Over seeds the counts are summed.
 
 A verdict (a paper claim, an ablation) read off a metric where either arm's share is above `THRESHOLD` is
 "inconclusive (N% unparsed in ARM)", never reproduces / refutes: an arm whose answers are mostly unreadable scores
@@ -23,7 +27,8 @@ def _count(x) -> int:
 
 
 def counts(cells, metric: str) -> tuple[int, int]:
-    """(unparsed, answers) of `metric` summed over `cells` (SeedRuns), answers = max(n, unparsed) per cell."""
+    """(unparsed, answers) of `metric` summed over `cells` (SeedRuns): per cell its `answers`, or max(n, unparsed)
+    in a metrics.json written before `answers` existed."""
     return counts_of([c.metrics for c in cells], metric)
 
 
@@ -35,7 +40,8 @@ def counts_of(metrics: list, metric: str) -> tuple[int, int]:
         if isinstance(m, dict):
             f = _count(m.get("parse_fail"))
             pf += f
-            total += max(_count(m.get("n")), f)
+            read = m.get("answers")  # absent from a metrics.json written before it: max(n, unparsed), a bound
+            total += max(_count(read if isinstance(read, int) and not isinstance(read, bool) else m.get("n")), f)
     return pf, total
 
 
@@ -58,5 +64,5 @@ def doubt(run, metric: str, arms) -> str | None:
 
 
 NOTE = (f"'(u/N unparsed)': u of the N answers behind a number could not be parsed (summed over seeds; N counts "
-        f"n, or the unparsed where a metric leaves them out of n). A verdict read off a metric with more than "
+        f"every answer the metric read, parsed or not). A verdict read off a metric with more than "
         f"{THRESHOLD:.0%} of an arm's answers unparsed is 'inconclusive', not reproduces / refutes.")

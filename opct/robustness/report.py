@@ -123,8 +123,7 @@ NOTE = ("Each cell: the mean over seeds with a 95% Student-t interval over seeds
         "(n=k) marks a cell with fewer seeds than the run; 'undefined' = the value is not defined in any seed (a "
         "wash fraction where training moved M by less than min_gap). ↑ / ↓: higher / lower is better (for a wash "
         "fraction lower = the trained behaviour survives). '(u/N unparsed)': u of the N answers behind the cell could "
-        "not be parsed, summed over seeds (N counts n, or the unparsed where a rate given an answer leaves them out of "
-        "n).")
+        "not be parsed, summed over seeds (N counts every answer the metric read, parsed or not).")
 
 
 def build(root) -> tuple[Path, Path]:
