@@ -823,3 +823,22 @@ def test_a_finished_run_resumed_rewrites_final_with_the_same_bytes_whatever_the_
     assert isinstance(names, list) and names == sorted(names) and len(names) > 1
     for seed in ("2", "3", "4"):
         assert train(seed, "--resume") == first
+
+
+def test_every_rank_checks_a_resume_before_the_main_one_rewrites_its_config(tmp_path, model_dir, pairs_file):
+    """The main rank rewrote inputs.json and config.json while another rank was still checking them: that rank read
+    the new digest beside the old config.json, refused the resume as "edited since the run last started" and left
+    the main one waiting at the next collective (the ZeRO-2 resume test failed that way about one launch in three).
+    The writes now come after a barrier every rank reaches once its checks are done."""
+    from opct.train.config import TrainConfig
+    from opct.train.rundir import prepare_run_dir
+
+    out = tmp_path / "run"
+    assert main(_train_args(model_dir, pairs_file, out, "--max-steps", "1", "--lr-schedule", "constant")) == 0
+    before = {name: (out / name).read_bytes() for name in ("config.json", "inputs.json")}
+    seen = []
+    cfg = json.loads(before["config.json"])
+    resumed = TrainConfig(**{**cfg, "max_steps": 2, "resume": True})
+    prepare_run_dir(out, resumed, True, barrier=lambda: seen.append({n: (out / n).read_bytes() for n in before}))
+    assert seen == [before]  # at the barrier: nothing rewritten yet
+    assert json.loads((out / "config.json").read_text())["max_steps"] == 2

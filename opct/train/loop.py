@@ -156,7 +156,7 @@ def _train(config: TrainConfig, held: ExitStack) -> Path:
     deepspeed = sharded.is_deepspeed(acc)
     if acc.is_main_process:  # one lock per run, taken by the main process (DDP ranks share the directory)
         held.enter_context(files.dir_lock(out, "training run", kind="train"))
-    prepare_run_dir(out, config, acc.is_main_process, acc.num_processes)
+    prepare_run_dir(out, config, acc.is_main_process, acc.num_processes, barrier=acc.wait_for_everyone)
     acc.wait_for_everyone()
     set_seed(config.seed, device_specific=True)
 

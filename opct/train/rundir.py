@@ -46,10 +46,14 @@ def config_digest(config: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: int = 1) -> None:
+def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: int = 1, barrier=None) -> None:
     """Refuse to overwrite a run, or to resume one with another configuration, or to resume one already past the
     steps asked for; a run without a checkpoint (killed before its first) is started over when resumed. `out` itself
-    may differ from the one recorded (a moved run). `processes`: how many train it (the replay plan's steps)."""
+    may differ from the one recorded (a moved run). `processes`: how many train it (the replay plan's steps).
+    Every rank checks; then `barrier()` (several processes: `accelerator.wait_for_everyone`), and only then the main
+    one writes config.json and inputs.json: a rank still checking read the main one's new inputs.json beside the old
+    config.json, refused the resume as "edited since the run last started" and left the others waiting at the next
+    collective (ZeRO-2's resume test failed that way about one launch in three, found 2026-12-07)."""
     _check_not_foreign(out, config)
     saved_path = out / "config.json"
     if not config.resume and (latest_checkpoint(out) or (out / "metrics.jsonl").exists()):
@@ -120,6 +124,8 @@ def prepare_run_dir(out: Path, config: TrainConfig, is_main: bool, processes: in
         raise OpctError(f"{out}: holds a finished run (final/) but no checkpoint to resume from (checkpoints/ "
                         f"removed?): nothing to continue, and starting over would replace its final/; to train "
                         f"again, choose another --out")
+    if barrier is not None:
+        barrier()
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
         if config.resume and not resuming and (out / "metrics.jsonl").exists():
