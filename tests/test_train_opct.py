@@ -216,7 +216,7 @@ def test_accelerate_launch_two_cpu_processes_agree(tmp_path, model_dir, pairs_fi
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
            str(_free_port()), str(worker), json.dumps(cfg), str(tmp_path)]
-    done = subprocess.run(cmd, env={**_env(), "ACCELERATE_USE_CPU": "1"},
+    done = subprocess.run(cmd, env={**_env(), "ACCELERATE_USE_CPU": "1", "TMPDIR": str(tmp_path)},  # torchelastic_*
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     r0, r1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
