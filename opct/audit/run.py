@@ -172,6 +172,14 @@ def check_out(out) -> None:
     refuse_model_dir(out, "an audit")
 
 
+def saved_config(path: Path) -> dict:
+    """OUT/config.json as an audit wrote it (a JSON object; anything else is an error naming the file)."""
+    saved = read_json(path, "config")
+    if not isinstance(saved, dict):
+        raise OpctError(f"{path}: not an audit configuration (expected a JSON object)")
+    return saved
+
+
 def _check_config(out: Path, cfg: AuditConfig) -> None:
     path = out / "config.json"
     now = asdict(cfg)
@@ -181,9 +189,7 @@ def _check_config(out: Path, cfg: AuditConfig) -> None:
                         f"results were measured with cannot be checked against these (a rerun with others would mix "
                         f"them in one report); put config.json back, or use another --out, or remove {out}")
     if path.exists():
-        saved = read_json(path, "config")
-        if not isinstance(saved, dict):
-            raise OpctError(f"{path}: not an audit configuration (expected a JSON object)")
+        saved = saved_config(path)
         diff = changes(saved, now, GRID_FIELDS)
         if diff and not restart_allowed(out, path.name, diff):
             raise OpctError(f"{out}: holds an audit with other settings ({', '.join(diff)}); results would mix. "

@@ -82,9 +82,8 @@ def _check_report_config(path, data: dict, config) -> None:
     from dataclasses import asdict
     from pathlib import Path
 
-    from opct.audit.run import AuditConfig
+    from opct.audit.run import AuditConfig, saved_config
     from opct.errors import OpctError
-    from opct.files import read_json
     from opct.resume_check import changes, defaults_of
 
     fields = [k for k in data if k != "out"]
@@ -95,9 +94,7 @@ def _check_report_config(path, data: dict, config) -> None:
     if not saved_path.exists():
         raise OpctError(f"{path}: {', '.join(fields)}: cannot be checked against the audit in {out} ({saved_path} "
                         f"is missing), and --report-only takes only --out: drop CONFIG")
-    saved = read_json(saved_path, "config")
-    if not isinstance(saved, dict):
-        raise OpctError(f"{saved_path}: not an audit configuration (expected a JSON object)")
+    saved = saved_config(saved_path)
     now = asdict(config)
     defaults = defaults_of(AuditConfig)
     diff = changes({k: saved.get(k, defaults.get(k)) for k in fields}, {k: now[k] for k in fields})
