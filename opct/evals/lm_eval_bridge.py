@@ -319,28 +319,31 @@ def _clip(x: float, measure: str) -> float:
     return min(high, max(low, x))
 
 
-def _documents(results: dict, task: str, key: str, total) -> int:
-    """The documents measure `key` (`measure,filter`) of `task` was computed on: a task's own count (`total`); a
+def _total(results: dict, task: str) -> int:
+    """The documents `task` scored: its n-samples entry; a group has none of its own, and its result holds how many
+    documents its tasks scored."""
+    own = results.get("results", {}).get(task, {}).get("sample_len", 0)
+    return results.get("n-samples", {}).get(task, {}).get("effective", own)
+
+
+def _documents(results: dict, task: str, key: str) -> int:
+    """The documents measure `key` (`measure,filter`) of `task` was computed on: a task's own count (`_total`); a
     group's, the sum over its (sub)tasks that have the measure (until 2026-12-07 every measure of a group read the
-    group's whole count: acc from 6 documents and exact_match from 12 both said n=18). `total` where the harness
-    names no subtasks."""
+    group's whole count: acc from 6 documents and exact_match from 12 both said n=18). The whole count where the
+    harness names no subtasks."""
     children = (results.get("group_subtasks") or {}).get(task)
     if not children:
-        return total
-    n_samples, res = results.get("n-samples", {}), results.get("results", {})
-    found = [_documents(results, c, key, n_samples.get(c, {}).get("effective", res[c].get("sample_len", 0)))
-             for c in children if key in res.get(c, {})]
-    return sum(found) if found else total
+        return _total(results, task)
+    res = results.get("results", {})
+    found = [_documents(results, c, key) for c in children if key in res.get(c, {})]
+    return sum(found) if found else _total(results, task)
 
 
 def to_metrics(results: dict) -> dict:
     """The harness's results dict as opct metric dicts: one per scored (task, measure, filter)."""
     out = {}
-    n_samples = results.get("n-samples", {})
     scored = results.get("higher_is_better", {})
     for task, res in results.get("results", {}).items():
-        # a group has no n-samples entry of its own; its result holds how many documents its tasks scored
-        total = n_samples.get(task, {}).get("effective", res.get("sample_len", 0))
         directions = scored.get(task)
         for key, value in res.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool) or "_stderr" in key or key == "alias":
@@ -351,7 +354,7 @@ def to_metrics(results: dict) -> dict:
             err = res.get(f"{measure}_stderr,{filt}" if filt else f"{measure}_stderr")
             err = err if isinstance(err, (int, float)) and not isinstance(err, bool) else None
             hib = directions.get(measure, True) if directions is not None else True
-            n = int(_documents(results, task, key, total))
+            n = int(_documents(results, task, key))
             out[f"{PREFIX}[task={task},measure={measure},filter={filt or 'none'}]"] = {
                 "value": float(value),
                 "ci_low": None if err is None else _clip(float(value) - 1.96 * err, measure),
