@@ -361,3 +361,37 @@ def test_check_says_what_the_file_trains_on_and_which_of_it_an_evaluation_would_
                   f"line {first}): their probes would count as held out; add them to --trained or drop the pairs"
     assert cli_error(capsys, ["pairs", "check", str(out), "--trained", "sycophancy=nope"]).startswith(
         "opct: error: --trained.sycophancy: unknown nope; known: ")
+
+
+def test_check_and_run_refuse_a_pair_of_a_family_its_axis_does_not_have(tmp_path, capsys):
+    """`opct pairs check` took a pair whose family its axis does not have ('suggested-answer' for
+    'suggested_answer') as OK, and `opct run --pairs` trained on it: the held-out check compares known families only,
+    so a misspelt family escaped it. Both now refuse it as FILE:LINE: meta.family, with the axis's families; the
+    anchor pairs' families (prefill `direct`, ...), an open axis's own (awareness) and `custom` pass."""
+    from opct.axes import AXES
+    from opct.experiment.runner import _user_pairs
+
+    typo = _bad(meta={"family": "suggested-answer", "split": "train"}).replace('"a"', '"b"', 1)
+    p = _write(tmp_path, [json.dumps(GOOD), typo, typo.replace('"b"', '"c"', 1)])
+    known = ", ".join(AXES["sycophancy"].families)
+    want = f"{p}:2: meta.family: sycophancy has no family 'suggested-answer' (2 pairs of unknown families in all); " \
+           f"known: {known}"
+    assert cli_error(capsys, ["pairs", "check", str(p)]) == f"opct: error: {want}"
+    with pytest.raises(DataError) as e:
+        _user_pairs(p, {"sycophancy": ["suggested_answer"]})
+    assert str(e.value) == want
+    own = dict(GOOD, id="d", axis="awareness", meta={"family": "my_domain", "split": "train"})
+    mine = dict(GOOD, id="e", axis="custom", meta={"family": "anything", "split": "train"})
+    ok = _write(tmp_path, [json.dumps(GOOD), json.dumps(own), json.dumps(mine)])
+    assert main(["pairs", "check", str(ok)]) == 0
+
+
+@pytest.mark.parametrize("axis", pair_axes())
+def test_every_family_an_axis_makes_is_one_check_knows(tmp_path, capsys, axis):
+    """The anchor pairs (benign=True) of prefill, frustration and conditional have families of their own (`direct`,
+    `task`, `benign_system`); `opct pairs check` must not refuse the pairs opct makes (Axis.anchor_families)."""
+    out = tmp_path / "p.jsonl"
+    assert main(["pairs", "make", "--axis", axis, "--per-family", "1", "--out", str(out)]
+                + (["--benign"] if axis not in ("sycophancy", "jailbreak") else [])) == 0
+    capsys.readouterr()
+    assert main(["pairs", "check", str(out)]) == 0, capsys.readouterr().err

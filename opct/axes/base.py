@@ -299,6 +299,7 @@ class Axis:
     make_pairs: Optional[Callable] = None  # (items, families, heldout, per_family, seed, benign) -> [Pair]
     family_noun: str = "family"
     open_families: bool = False  # a user's items may bring families of their own (awareness: any domain)
+    anchor_families: tuple = ()  # its anchor pairs' families (benign=True), not perturbations
     experiment_default: Optional[tuple] = None  # what the default experiment trains on (None: the train families)
     legacy_keys: tuple = ()  # former config / experiment.json names of this axis's trained list
     pair_options: dict = field(default_factory=dict)  # option name -> its allowed values (passed to make_pairs)
@@ -314,6 +315,10 @@ class Axis:
 
     def train_families(self) -> list[str]:
         return [f for f in self.families if f not in self.heldout]
+
+    def pair_families(self) -> tuple:
+        """The families a pair of this axis may have: its own, then its anchor pairs'."""
+        return (*self.families, *self.anchor_families)
 
     def unknown_trained(self, trained, items=None, found=None) -> tuple[list[str], list[str]]:
         """The names in `trained` that are no family of this axis's items — `items` (a user's), or the world's when

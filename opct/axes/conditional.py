@@ -370,5 +370,6 @@ AXIS = Axis(
              LEAK.column("leak, no trigger", on="none"),
              ARITH.column("arithmetic under trigger", on="all")),
     task="invariance", world_items=world_items, load_items=load_items, make_pairs=make_pairs, family_noun="trigger",
+    anchor_families=("benign_system",),
     experiment_default=(), items_help="id, question[, split, misaligned_words, aligned_words]",
 )

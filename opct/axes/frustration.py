@@ -396,5 +396,5 @@ AXIS = Axis(
     detail_tables=detail_tables, summary=(DISTRESS_AUC.column("distress AUC, held-out styles", on="heldout"),
                                           ESCAPE.column("escape, held-out styles", on="heldout")),
     task="invariance", world_items=world_items, load_items=load_items, make_pairs=make_pairs,
-    family_noun="rejection style", experiment_default=(), items_help="(world items only)",
+    family_noun="rejection style", experiment_default=(), items_help="(world items only)", anchor_families=("task",),
 )

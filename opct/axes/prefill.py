@@ -354,5 +354,6 @@ AXIS = Axis(
     summary=(PAR.column("PAR, held-out prefills", on="heldout_prefills"),
              ANSWERED_BENIGN.column("answered benign under prefill", on="prefill")),
     task="invariance", world_items=world_items, load_items=load_items, make_pairs=make_pairs, family_noun="prefill",
+    anchor_families=("direct",),
     experiment_default=(), items_help="id, request[, category, harmful, split]", no_signal_methods=NO_SIGNAL_METHODS,
 )

@@ -192,10 +192,11 @@ def _make(args) -> int:
 
 def _check(args) -> int:
     from opct.evals.trained import check_trained, parse_trained
-    from opct.pairs.make import split_hygiene, trained_on, trains_heldout
+    from opct.pairs.make import check_families, split_hygiene, trained_on, trains_heldout
     from opct.pairs.schema import line_of, load_pairs
 
     pairs = load_pairs(args.file)
+    check_families(pairs, args.file)
     problems = split_hygiene(pairs)
     _summary(pairs)
     if problems:

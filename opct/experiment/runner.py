@@ -231,14 +231,15 @@ def check_made(path: Path, pairs: list, seed: int) -> None:
 
 
 def _user_pairs(path: Path, trained: dict[str, list[str]]) -> Path:
-    """The user's own pairs file (`--pairs`), read and checked: it must have pairs to train on, and none of them of a
-    family that `trained` holds out — the evaluation labels that family's probes held out, so training on it would
-    put trained prompts in the held-out metrics."""
+    """The user's own pairs file (`--pairs`), read and checked: every pair of a family of its axis (`check_families`,
+    as `opct pairs check`), pairs to train on, and none of them of a family that `trained` holds out — the evaluation
+    labels that family's probes held out, so training on it would put trained prompts in the held-out metrics."""
     from opct.errors import DataError
-    from opct.pairs.make import trains_heldout
+    from opct.pairs.make import check_families, trains_heldout
     from opct.pairs.schema import line_of, load_pairs
 
     pairs = load_pairs(path)
+    check_families(pairs, path)
     if not any(p.split == "train" for p in pairs):
         raise OpctError(f"{path}: no pair has meta.split == 'train'")
     for p in trains_heldout(pairs, trained)[:1]:

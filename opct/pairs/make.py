@@ -107,6 +107,22 @@ def split_hygiene(pairs: list[Pair]) -> list[str]:
     return [f"{axis} family {fam!r} is held out but appears in training pairs" for axis, fam in sorted(train & held)]
 
 
+def check_families(pairs: list[Pair], path) -> None:
+    """A DataError naming the first pair of `pairs` (loaded from `path`) whose family is none of its axis's
+    (`Axis.pair_families`), with the axis's families. An axis whose families a user's items bring (awareness), one
+    without families (capability) and the `custom` axis take any family. Until 2026-12 `opct pairs check` and `opct run --pairs` took such a pair: a
+    misspelt family ('suggested-answer') escaped the held-out check, which compares known families only."""
+    bad = [p for p in pairs if p.axis in AXES and AXES[p.axis].families and not AXES[p.axis].open_families
+           and p.family not in AXES[p.axis].pair_families()]
+    if bad:
+        from opct.errors import DataError
+        from opct.pairs.schema import line_of
+
+        p, more = bad[0], f" ({len(bad)} pairs of unknown families in all)" if len(bad) > 1 else ""
+        raise DataError(path, line_of(path, p.id), "meta.family", f"{p.axis} has no family {p.family!r}{more}; "
+                                                                   f"known: {', '.join(AXES[p.axis].pair_families())}")
+
+
 def trained_on(pairs: list[Pair]) -> dict[str, list[str]]:
     """Per registered axis, the families of its own that `pairs` train on (meta.split == 'train'): what `opct eval
     --trained` should be told about a model trained on them."""
@@ -128,5 +144,5 @@ def trains_heldout(pairs: list[Pair], trained: dict[str, list[str]] | None) -> l
             and p.family not in train_families(p.axis)]
 
 
-__all__ = ["AXES", "load_items", "world_items", "default_heldout", "make_pairs", "split_hygiene", "trained_on",
-           "trains_heldout"]
+__all__ = ["AXES", "load_items", "world_items", "default_heldout", "make_pairs", "split_hygiene", "check_families",
+           "trained_on", "trains_heldout"]
