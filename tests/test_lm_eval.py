@@ -191,7 +191,7 @@ def test_intervals_are_clipped_to_the_measures_range_never_by_the_value():
     assert m["t,measure=mcc,filter=none]"]["ci_low"] == pytest.approx(0.156 - 1.96 * 0.158)  # below 0: kept
     assert m["t,measure=bleu,filter=none]"]["ci_high"] == pytest.approx(0.98 + 1.96 * 0.05)  # above 1: kept
     assert m["t,measure=acc,filter=none]"]["ci_low"] == 0.0  # a rate: clipped
-    assert m["t,measure=brier_score,filter=none]"]["ci_low"] == pytest.approx(0.1 - 1.96 * 0.1)  # unknown range
+    assert m["t,measure=brier_score,filter=none]"]["ci_low"] == 0.0  # a Brier score: in [0, 2]
     assert m["grp,measure=mcc,filter=none]"]["ci_high"] == 1.0 and m["grp,measure=mcc,filter=none]"]["n"] == 12
     assert m["t,measure=mcc,filter=none]"]["n"] == 40
 
@@ -201,6 +201,26 @@ def test_an_f1_interval_is_clipped_to_0_1():
     m = to_metrics({"results": {"t": {"f1,none": 0.5, "f1_stderr,none": 0.33}}, "higher_is_better": {"t": {"f1": True}},
                     "n-samples": {"t": {"effective": 6}}})["capability.lm_eval[task=t,measure=f1,filter=none]"]
     assert (m["ci_low"], m["ci_high"]) == (0.0, 1.0)
+
+
+def test_each_measure_is_clipped_to_its_own_range_and_an_unbounded_side_is_not():
+    """Before, a Brier score (lm-eval's multiple-choice brier_score: the sum over choices of squared errors, in [0, 2])
+    was not in RANGES: 0.1 with stderr 0.1 read [-0.096, 0.296]; now its interval stays in [0, 2]. A perplexity is at
+    least 1 and bits per byte at least 0, with no upper bound (not clipped at 1); BLEU runs to 100; a task's own
+    measure keeps the normal approximation."""
+    res = {"results": {"t": {"brier_score,none": 1.9, "brier_score_stderr,none": 0.1,
+                             "perplexity,none": 1.2, "perplexity_stderr,none": 0.5,
+                             "bits_per_byte,none": 0.9, "bits_per_byte_stderr,none": 0.5,
+                             "bleu,none": 99.0, "bleu_stderr,none": 2.0, "mine,none": 0.1, "mine_stderr,none": 0.1}},
+           "higher_is_better": {"t": {"brier_score": False, "perplexity": False, "bits_per_byte": False, "bleu": True,
+                                      "mine": True}},
+           "n-samples": {"t": {"effective": 10}}}
+    m = {k.split("measure=")[1].split(",")[0]: (v["ci_low"], v["ci_high"]) for k, v in to_metrics(res).items()}
+    assert m["brier_score"] == (pytest.approx(1.9 - 0.196), 2.0)
+    assert m["perplexity"] == (1.0, pytest.approx(1.2 + 0.98))
+    assert m["bits_per_byte"] == (0.0, pytest.approx(0.9 + 0.98))
+    assert m["bleu"] == (pytest.approx(99.0 - 3.92), 100.0)
+    assert m["mine"] == (pytest.approx(0.1 - 0.196), pytest.approx(0.1 + 0.196))
 
 
 def test_a_groups_n_counts_the_documents_of_the_tasks_that_have_the_measure():

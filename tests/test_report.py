@@ -175,6 +175,29 @@ def test_t_interval_of_a_rate_is_clipped_to_0_1(tmp_path):
     assert bare(md_table(text, "Jailbreaks")["opct"]["adaptive attacker ↑"]) == "0.500 [0.000, 1.000]"
 
 
+@pytest.mark.parametrize("measure, values, bounds", [("mcc", [0.2, 0.4], (None, 1.0)),
+                                                     ("brier_score", [0.9, 1.0], (None, None)),
+                                                     ("bleu", [0.5, 0.9], (0.0, None)),
+                                                     ("mine", [0.1, 0.9], (None, None))])
+def test_t_interval_of_an_lm_eval_measure_is_clipped_to_its_own_range(tmp_path, measure, values, bounds):
+    """Over seeds, an lm-eval measure whose values happened to lie in [0, 1] had its t-interval clipped to [0, 1]: an
+    MCC (in [-1, 1]) at 0, a Brier score (in [0, 2]) and a BLEU (in [0, 100]) at 1, a task's own measure both ways.
+    Now each is clipped to the measure's own range (`lm_eval_bridge.RANGES`), an unknown one not at all."""
+    from opct.report.aggregate import estimate
+
+    metric = f"capability.lm_eval[task=t,measure={measure},filter=none]"
+    cells = {}
+    for seed, v in enumerate(values):
+        m = {}
+        set_metric(m, metric, v, v, v)
+        cells[("opct", seed)] = m
+    est = estimate(load_run(make_run(tmp_path, dict(EXPERIMENT, arms=["opct"], seeds=[0, 1]), cells)), "opct", metric)
+    mean, half = sum(values) / 2, 12.706 * abs(values[1] - values[0]) / 2
+    lo, hi = bounds
+    assert (est.ci_low, est.ci_high) == (pytest.approx(mean - half) if lo is None else lo,
+                                         pytest.approx(mean + half) if hi is None else hi)
+
+
 @pytest.mark.parametrize("metric", ["sycophancy.brr_all", "prefill.par[on=heldout_prefills]"])
 def test_t_interval_of_a_difference_of_rates_is_not_clipped_at_0(tmp_path, metric):
     """BRR (all rows) and PAR are differences of two rates, in [-1, 1] like BRR; with per-seed values that happened

@@ -16,8 +16,9 @@ Each task and measure becomes a metric `capability.lm_eval[task=...,measure=...,
 kept, so a task with several filters does not overwrite itself); only the measures the harness scores (those in its
 `higher_is_better` table, with that direction) are metrics — a sample length is not a score. The intervals are the
 harness's normal approximation (value ± 1.96 stderr), clipped to the measure's range where `RANGES` knows it ([0, 1]
-for an accuracy, [-1, 1] for a Matthews correlation; never by the value: an MCC of 0.2 is no rate); `n` is the
-number of documents evaluated (a group's: those of its tasks that have the measure). Each document's prompt (as
+for an accuracy, [-1, 1] for a Matthews correlation, [0, 2] for a Brier score, [1, inf) for a perplexity; never by the
+value: an MCC of 0.2 is no rate); `n` is the number of documents evaluated (a group's: those of its tasks that have
+the measure). Each document's prompt (as
 sent), responses, target and scores go to `RUN/lm_eval_samples/TASK.jsonl` (`write_samples`). A task that fails is
 logged and listed in `errors` (run.json's `lm_eval_errors`; a resumed eval runs it again), and the others still run;
 a task name the harness does not know is refused before anything runs (`check_tasks`, from
@@ -304,19 +305,33 @@ def lacking_fields(folder, tasks) -> str | None:
     return None
 
 
-# The range of the harness's measures that have one, by name: the means of 0/1 scores (and IFEval's and TruthfulQA's
-# rates) and an F1 score (the harness's `f1`, its aggregation sklearn's f1_score) lie in [0, 1], a Matthews
-# correlation in [-1, 1]. Any other measure (BLEU in [0, 100], a Brier score in
-# [0, 2], a perplexity, a task's own metric) keeps the normal approximation's interval as it is.
-RANGES = {**dict.fromkeys(("acc", "acc_norm", "acc_mutual_info", "exact_match", "mc1", "mc2",
+# The range of the harness's measures, by name (lm-eval's own metrics, `lm_eval/api/metrics.py`, and its tasks'):
+# the means of 0/1 scores (and IFEval's and TruthfulQA's rates) and an F1 score (sklearn's f1_score) lie in [0, 1], a
+# Matthews correlation in [-1, 1]; a Brier score is a mean over documents of the sum over choices of squared errors of
+# the normalised choice probabilities, in [0, 2] (lower is better; until 2026-12 it kept a normal interval below 0);
+# BLEU and chrF in [0, 100]. Some are bounded on one side only: a perplexity (exp of minus a mean log-likelihood) is at
+# least 1, bits per byte and TER at least 0, with no upper bound. Any other measure (a task's own) keeps the normal
+# approximation's interval as it is.
+INF = float("inf")
+RANGES = {**dict.fromkeys(("acc", "acc_norm", "acc_mutual_info", "acc_bytes", "acc_all", "exact_match", "mc1", "mc2",
                            "prompt_level_strict_acc", "prompt_level_loose_acc", "inst_level_strict_acc",
                            "inst_level_loose_acc", "f1"), (0.0, 1.0)),
-          "mcc": (-1.0, 1.0)}
+          "mcc": (-1.0, 1.0), "brier_score": (0.0, 2.0),
+          **dict.fromkeys(("bleu", "chrf", "chrf++"), (0.0, 100.0)),
+          **dict.fromkeys(("perplexity", "word_perplexity", "byte_perplexity"), (1.0, INF)),
+          **dict.fromkeys(("bits_per_byte", "ter"), (0.0, INF))}
 
 
 def _clip(x: float, measure: str) -> float:
-    low, high = RANGES.get(measure, (-float("inf"), float("inf")))
+    low, high = RANGES.get(measure, (-INF, INF))
     return min(high, max(low, x))
+
+
+def metric_range(metric: str) -> tuple[float, float] | None:
+    """The range of the bridge's metric `metric` (`capability.lm_eval[task=...,measure=M,...]`): M's in `RANGES`, or
+    None for a measure of unknown range (or a name of another metric)."""
+    found = re.match(re.escape(PREFIX) + r"\[(?:.*,)?measure=([^,\]]*)", metric)
+    return RANGES.get(found.group(1)) if found else None
 
 
 def _total(results: dict, task: str) -> int:

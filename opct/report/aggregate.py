@@ -9,7 +9,9 @@ Every metric opct writes is a rate in [0, 1] except a difference of two rates in
 PAR: `DIFFERENCES`);
 a t-interval is clipped to that range (with two seeds t = 12.7, so an unclipped interval of a rate easily reads
 [-1.2, 2.2]), and a paired difference of two arms' values to the range of a difference (`difference_range`).
-A metric with a value outside [0, 1] and no known range is not clipped. A huge or infinite value is a value: it is
+An lm-eval measure is clipped to its own range (`opct.evals.lm_eval_bridge.RANGES`: an MCC's [-1, 1], a Brier score's
+[0, 2], a perplexity's [1, inf)), or not at all when unknown. A metric with a value outside [0, 1] and no known range
+is not clipped. A huge or infinite value is a value: it is
 shown as such (`num`: 1e+308, inf), and an infinite one has no interval.
 
 A seed whose metric is missing or null (an empty group, a suite not run) is left out; `n_seeds` says how many seeds
@@ -83,7 +85,13 @@ DIFFERENCES = ("sycophancy.brr", "sycophancy.brr_all", "prefill.par")
 
 
 def value_range(metric: str, values: list[float]):
-    """The range a metric's value can take, or None when unknown."""
+    """The range a metric's value can take, or None when unknown. An lm-eval measure's is its own
+    (`opct.evals.lm_eval_bridge.RANGES`), never read off the values: two seeds' MCCs of 0.2 and 0.4 clipped their
+    interval at 0, two Brier scores' at 1 (it runs to 2), two BLEUs of 0.5 at 1 (to 100), until 2026-12."""
+    from opct.evals.lm_eval_bridge import PREFIX, metric_range
+
+    if metric.startswith(PREFIX + "["):
+        return metric_range(metric)
     if metric.split("[", 1)[0] in DIFFERENCES:
         return (-1.0, 1.0)
     if all(0.0 <= v <= 1.0 for v in values):
