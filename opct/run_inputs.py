@@ -4,7 +4,9 @@ inputs.json, an eval's run.json) are checked only when a cell resumes; a new cel
 2026-12-07 a rerun after the pairs file, the eval items or the model's weights were replaced at the same path put
 cells of two data sets (or two models) into one report, unsaid.
 
-  ROOT/run_inputs.json                 {input: fingerprint}, written on the first run, extended by reruns
+  ROOT/run_inputs.json                 {input: fingerprint}, written on the first run, extended by reruns; the
+                                       lm-eval task files (the include folder's, file by file, and each task given
+                                       as a YAML) by path and SHA-256
   experiment_inputs(model, ec, pairs)   (fingerprints, {input: how the file names it}) of one run's inputs
   check_run_inputs(root, now, named, continuing)   a rerun whose inputs changed is an OpctError naming them
 """
@@ -27,11 +29,14 @@ def experiment_inputs(model: str, ec, pairs: str = "", prefix: str = "") -> tupl
     from opct.evals.resume import eval_inputs
 
     found = {k: v for k, v in eval_inputs(dataclasses.replace(ec, model=model, adapter=None)).items()
-             if not k.startswith("lm_eval")}  # task YAMLs may be fixed between sessions, as an eval's resume allows
+             if k != "lm_eval_include"}  # one fingerprint of the folder: recorded file by file below
     named = {"model": f"model {model} (its weights)",
              "model.files": f"model {model} (its config, tokenizer or chat template)",
              "items": f"{prefix}eval.items {ec.items}"}
     named.update({f"axis_items.{a}": f"the {a} items {p}" for a, p in (ec.axis_items or {}).items()})
+    named.update({f"lm_eval_tasks.{t}": f"the lm-eval task file {t}" for t in ec.lm_eval_tasks})
+    for key, (path, digest) in lm_eval_files(ec).items():
+        found[key], named[key] = digest, f"the lm-eval task file {path}"
     out = {(k if k.startswith("model") else prefix + k): v for k, v in found.items()}
     named = {(k if k.startswith("model") else prefix + k): v for k, v in named.items()}
     if pairs and Path(pairs).is_file():
@@ -41,6 +46,26 @@ def experiment_inputs(model: str, ec, pairs: str = "", prefix: str = "") -> tupl
             raise OpctError(f"{pairs}: {files.os_problem(e)}") from None
         named["pairs"] = f"pairs {pairs}"
     return out, {k: named[k] for k in out}
+
+
+INCLUDED = "lm_eval_include/"  # key prefix of a file of the lm-eval include folder, by its path inside the folder
+
+
+def lm_eval_files(ec) -> dict[str, tuple[str, str]]:
+    """{`lm_eval_include/REL`: (path, SHA-256)} for every file under the eval config's lm-eval include folder (its task
+    YAMLs, and what they include or load: `!function utils.fn`), when lm-eval runs. Until 2026-12 run_inputs.json
+    left the task YAMLs out, so a rerun after one was edited measured new cells on the edited task beside cells
+    measured on the old one, unsaid."""
+    folder = Path(ec.lm_eval_include) if ec.lm_eval and ec.lm_eval_include else None
+    if folder is None or not folder.is_dir():
+        return {}
+    out = {}
+    try:
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            out[INCLUDED + path.relative_to(folder).as_posix()] = (str(path), files.sha256(path))
+    except OSError as e:
+        raise OpctError(f"{getattr(e, 'filename', None) or folder}: {files.os_problem(e)}") from None
+    return out
 
 
 def check_run_inputs(root: Path, now: dict[str, str], named: dict[str, str], continuing: bool) -> None:
@@ -57,6 +82,11 @@ def check_run_inputs(root: Path, now: dict[str, str], named: dict[str, str], con
                             f"cannot be checked against these inputs; put the original back, or run under another "
                             f"--name or --out")
         changed = changed_inputs(saved, now)
+        # a file of the include folder removed since (the folder still given): its tasks are not what they were
+        changed += [k for k in saved if INCLUDED in k and k not in now
+                    and any(n.startswith(k.split(INCLUDED)[0] + INCLUDED) for n in now)]
+        named = {**{k: f"the lm-eval task file {k.split(INCLUDED)[1]} (removed from the include folder)"
+                    for k in saved if INCLUDED in k}, **named}
         if changed:
             one = len(changed) == 1
             differs = "its fingerprint differs" if one else "their fingerprints differ"

@@ -194,3 +194,51 @@ def test_a_rerun_of_an_arm_with_replay_on_a_users_pairs_is_not_refused(test_orga
     assert json.loads((root / "bct" / "0" / "train" / "config.json").read_text())["pairs"].endswith("seed0-bct.jsonl")
     run_experiment(ExperimentConfig(**{**cfg, "seeds": [0, 1]}), log=lambda m: None)
     assert (root / "bct" / "1" / "done.json").exists()
+
+
+def test_the_lm_eval_task_files_are_recorded_and_a_rerun_after_one_changed_is_refused(tmp_path):
+    """Before, run_inputs.json left out the lm-eval task files (`lm_eval_include`'s YAMLs, a task given as a YAML):
+    a rerun after one was edited measured the new cells on the edited task beside cells measured on the old one, exit
+    0. Now each file is recorded by path and SHA-256, and a rerun after one changed or was removed is refused naming
+    it; a file added to the folder is recorded."""
+    from opct import files
+    from opct.evals.run import EvalConfig
+    from opct.run_inputs import check_run_inputs, experiment_inputs
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"one")
+    inc = tmp_path / "tasks"
+    (inc / "sub").mkdir(parents=True)
+    (inc / "t.yaml").write_text("task: t\n")
+    (inc / "sub" / "utils.py").write_text("def f(): pass\n")
+    own = tmp_path / "own.yaml"
+    own.write_text("task: own\n")
+    ec = EvalConfig(suite="capability", lm_eval=True, lm_eval_include=str(inc), lm_eval_tasks=["t", str(own)])
+
+    def check():
+        check_run_inputs(tmp_path, *experiment_inputs(str(model), ec), continuing=True)
+
+    check_run_inputs(tmp_path, *experiment_inputs(str(model), ec), continuing=False)
+    saved = json.loads((tmp_path / "run_inputs.json").read_text())
+    assert saved["lm_eval_include/t.yaml"] == files.sha256(inc / "t.yaml")
+    assert saved["lm_eval_include/sub/utils.py"] == files.sha256(inc / "sub" / "utils.py")
+    assert saved[f"lm_eval_tasks.{own}"] == files.sha256(own)
+    check()
+    (inc / "t.yaml").write_text("task: t\nnum_fewshot: 5\n")
+    with pytest.raises(OpctError, match=rf"run_inputs.json: the lm-eval task file {inc / 't.yaml'} holds other "
+                                        r"contents than when the run started"):
+        check()
+    (inc / "t.yaml").write_text("task: t\n")
+    own.write_text("task: own\nlimit: 3\n")
+    with pytest.raises(OpctError, match=rf"the lm-eval task file {own} holds other contents"):
+        check()
+    own.write_text("task: own\n")
+    (inc / "sub" / "utils.py").unlink()
+    with pytest.raises(OpctError, match=r"the lm-eval task file sub/utils.py \(removed from the include folder\) "
+                                        r"holds other contents"):
+        check()
+    (inc / "sub" / "utils.py").write_text("def f(): pass\n")
+    (inc / "new.yaml").write_text("task: new\n")
+    check()
+    assert "lm_eval_include/new.yaml" in json.loads((tmp_path / "run_inputs.json").read_text())
