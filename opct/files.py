@@ -358,15 +358,15 @@ _A_KIND = {k: what.split(" (")[0] for k, what in RUN_MARKERS.values()}
 
 
 @contextmanager
-def dir_lock(directory, what: str = "run directory", kind: str | None = None):
+def dir_lock(directory, what: str = "run directory", kind: str | None = None, instead: str = "write elsewhere"):
     """Hold an exclusive lock on `directory` (created if missing) for the duration of the block. With `kind` (a
     kind of `RUN_MARKERS`), a directory that holds another command's run is refused first, before the lock file is
     written into it.
 
-    Another process holding it makes this an OpctError naming the directory and that process's pid. The lock is an
-    flock on DIR/.opct.lock, which the kernel drops when its holder exits, however it exits (SIGKILL too), so there
-    is never a stale lock to clean up. The file stays (deleting it would let two processes lock two different
-    files); it holds the last holder's pid. A directory this process already locked is locked again for free."""
+    Another process holding it makes this an OpctError naming the directory, that process's pid and what to do
+    `instead`. The lock is an flock on DIR/.opct.lock, which the kernel drops when its holder exits, however it exits
+    (SIGKILL too), so there is never a stale lock to clean up. The file stays (deleting it would let two processes
+    lock two different files); it holds the last holder's pid. One this process already locked is locked for free."""
     d = Path(directory)
     if kind is not None:
         check_run_kind(d, kind)
@@ -381,8 +381,8 @@ def dir_lock(directory, what: str = "run directory", kind: str | None = None):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise OpctError(f"{d}: {what} in use by another opct process (pid {pid}); wait for it to finish, or "
-                            f"write elsewhere") from None
+            raise OpctError(f"{d}: {what} in use by another opct process (pid {pid}); wait for it to finish"
+                            + (f", or {instead}" if instead else "")) from None
         except OSError as e:  # a file system without locks: go on unlocked
             if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP):
                 raise

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from opct.cli import main
+from tiny_lm import small_disk  # noqa: F401 (a fixture)
 from opct.errors import OpctError
 from opct.report import build_report, load_run, summary_text
 from opct.report.aggregate import t975
@@ -779,3 +780,75 @@ def test_counts_of_reads_answers_and_falls_back_to_the_bound():
     new, old = {"x": {"n": 5, "parse_fail": 11, "answers": 16}}, {"x": {"n": 2, "parse_fail": 14}}
     assert counts_of([new, old, None, {}], "x") == (25, 30)
     assert counts_of([{"x": {"n": 4, "parse_fail": 1, "answers": 4}}], "x") == (1, 4)  # counted in n: unchanged
+
+
+# ------------------------------------------------------------------------------------------------ locks
+
+def _hold(directory):
+    """Another process holding `directory`'s run lock (`opct.files.dir_lock`, as `opct run` does), until killed."""
+    import os
+    import sys
+
+    code = ("import sys, time\nfrom opct.files import dir_lock\nwith dir_lock(sys.argv[1]):\n    print('held', "
+            "flush=True)\n    time.sleep(120)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    holder = subprocess.Popen([sys.executable, "-c", code, str(directory)], env=env, stdout=subprocess.PIPE)
+    assert holder.stdout.readline() == b"held\n"
+    return holder
+
+
+def test_a_report_or_a_probe_into_a_run_another_process_holds_is_refused(tmp_path, capsys):
+    """`opct report`, `opct mechanism` and a study's report took no lock: two of them, or one while `opct run` wrote
+    the run, interleaved results.md and report.html (or mechanism.json), and a report begun before the run's last
+    cell could replace the run's own with a stale one. Now each holds the run directory's lock (the one `opct run`
+    holds), refused with a one-line error while another process holds it; `--out` elsewhere still reports."""
+    from tiny_lm import cli_error
+
+    run = single_seed_run(tmp_path)
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "threats.json").write_text("{}")
+    holders = [_hold(run), _hold(study)]
+    try:
+        pid = holders[0].pid
+        assert cli_error(capsys, ["report", str(run)]) == (
+            f"opct: error: {run}: experiment in use by another opct process (pid {pid}); wait for it to finish, or "
+            f"write the report elsewhere with --out DIR")
+        assert not (run / "results.md").exists() and not (run / "report.html").exists()
+        assert cli_error(capsys, ["mechanism", str(run)]) == (
+            f"opct: error: {run}: experiment in use by another opct process (pid {pid}); wait for it to finish")
+        assert cli_error(capsys, ["report", str(study)]) == (
+            f"opct: error: {study}: threats run in use by another opct process (pid {holders[1].pid}); wait for it "
+            f"to finish")
+        out = tmp_path / "elsewhere"
+        assert main(["report", str(run), "--out", str(out)]) == 0  # the run is only read
+        assert (out / "results.md").exists()
+        capsys.readouterr()
+        other = _hold(out)
+        holders.append(other)
+        assert cli_error(capsys, ["report", str(run), "--out", str(out)]) == (
+            f"opct: error: {out}: report folder in use by another opct process (pid {other.pid}); wait for it to "
+            f"finish, or choose another --out")
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+    assert main(["report", str(run)]) == 0 and (run / "results.md").exists()
+
+
+def test_a_read_only_run_directory_reports_elsewhere_and_says_so_when_it_cannot_be_written(small_disk, tmp_path,
+                                                                                        capsys):
+    """A finished run kept read-only: the report into it (and the probe's mechanism.json) is refused in one line that
+    says what to do, before anything is computed; `--out` elsewhere reads it and reports."""
+    from tiny_lm import cli_error
+
+    run = single_seed_run(small_disk)
+    assert subprocess.run(["mount", "-o", "remount,ro", str(small_disk)]).returncode == 0
+    assert cli_error(capsys, ["report", str(run)]) == (
+        f"opct: error: {run}: cannot write the report: read-only file system; write the report elsewhere with --out "
+        f"DIR")
+    assert cli_error(capsys, ["mechanism", str(run)]) == (
+        f"opct: error: {run}: cannot write mechanism.json there: read-only file system")
+    assert main(["report", str(run), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "results.md").exists()

@@ -4,7 +4,14 @@ half-finished experiment: the missing cells are listed)."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from pathlib import Path
+
+from opct.errors import OpctError
 from opct.flags import path_arg
+
+# what `opct run FILE` calls the run directory it locks, by kind (`opct.commands.run`)
+KINDS = {"threats": "threats run", "robustness": "robustness study"}
 
 
 def register(sub) -> None:
@@ -17,8 +24,6 @@ def register(sub) -> None:
 
 
 def _report(args) -> int:
-    from pathlib import Path
-
     from opct.report import build_report, load_run, summary_text
 
     if (Path(args.run) / "threats.json").exists():  # a cross-threat run (`opct run FILE` with kind: threats)
@@ -32,13 +37,40 @@ def _report(args) -> int:
 
         return _study_report(args, "robustness", write_aggregate, build)
 
-    run = load_run(args.run)
     if args.out:
         _check_out(Path(args.run), Path(args.out))
-    html, md = build_report(run, args.out)
+        where = _writing(Path(args.out), "report folder", "choose another --out", new=True)
+    else:
+        where = _writing(Path(args.run), "experiment", "write the report elsewhere with --out DIR")
+    with where:
+        run = load_run(args.run)
+        html, md = build_report(run, args.out)
     print(summary_text(run))
     print(f"opct report: {md} and {html}")
     return 0
+
+
+@contextmanager
+def _writing(out: Path, what: str, instead: str = "", new: bool = False):
+    """Hold the lock of the folder a report is written into (`opct.files.dir_lock`; the run directory's is the one
+    `opct run` holds, `what` as it names it): two reports, or a report and the run it reads, interleaved their
+    results.md and report.html, and could leave a stale report over the run's own (2026-12). A folder that cannot be
+    written (a finished run kept read-only) is refused first, saying what to do `instead`; with `--out` elsewhere the
+    run is only read, so a read-only run directory still reports. A folder that is not there (unless it is `new`: an
+    --out), or a file in its place, is left to the reader and writer, which name it."""
+    from opct.errors import blocking_file, os_problem
+    from opct.files import check_writable, dir_lock
+
+    if not (out.is_dir() or (new and blocking_file(str(out)) is None)):
+        yield
+        return
+    try:
+        check_writable(out / "results.md")
+    except OSError as e:
+        raise OpctError(f"{out}: cannot write the report: {os_problem(e)}" + (f"; {instead}" if instead else "")) \
+            from None
+    with dir_lock(out, what, instead=instead):
+        yield
 
 
 def _check_out(run, out) -> None:
@@ -46,7 +78,6 @@ def _check_out(run, out) -> None:
     this run's (`opct report runs/a --out runs/b` overwrote experiment b's report with a's)."""
     import os
 
-    from opct.errors import OpctError
     from opct.files import RUN_MARKERS
 
     if os.path.realpath(out) == os.path.realpath(run):
@@ -61,14 +92,12 @@ def _check_out(run, out) -> None:
 
 
 def _study_report(args, kind: str, aggregate, build) -> int:
-    """A robustness or threats run: aggregate its rows again and rebuild the report in its own directory."""
-    from pathlib import Path
-
+    """A robustness or threats run: aggregate its rows again and rebuild the report in its own directory, under the
+    lock `opct run FILE` holds (`_writing`)."""
     if args.out:
-        from opct.errors import OpctError
-
         raise OpctError(f"--out: a {kind} run's report is written into its own directory")
-    aggregate(Path(args.run))
-    html, md = build(args.run)
+    with _writing(Path(args.run), KINDS[kind]):
+        aggregate(Path(args.run))
+        html, md = build(args.run)
     print(f"opct report: {md} and {html}")
     return 0

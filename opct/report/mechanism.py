@@ -108,13 +108,11 @@ def _states(policy, prompts: list, batch_size: int):
 
 def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: bool = True, log=print) -> dict:
     """The probe over a run directory written by `opct run`; returns (and writes RUN/mechanism.json) its result."""
-    import torch
-    from tqdm.auto import tqdm
+    from contextlib import nullcontext
 
-    from opct.files import write_json_atomic
-    from opct.policy import load_policy
+    from opct.errors import os_problem
+    from opct.files import check_writable, dir_lock
     from opct.report.rundir import load_run
-    from opct.subjects import resolve
 
     if not isinstance(n, int) or isinstance(n, bool) or n < MIN_PROMPTS:
         raise OpctError(f"--n: must be an integer >= {MIN_PROMPTS} (got {n!r}): {_WHY_THREE}")
@@ -123,7 +121,27 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
         if (Path(run_dir) / record).exists():  # it said "is it a run directory written by `opct run`?" (2026-12-07)
             raise OpctError(f"{run_dir}: a {kind} run ({record}); the mechanism probe compares the arms of an "
                             "experiment (`opct run EXPERIMENT.yaml`)")
-    run = load_run(run_dir)
+    # the probe writes RUN/mechanism.json, which `opct report` reads: under the lock `opct run` and `opct report` take
+    # (two probes, or one while the run trains its arms, interleaved; 2026-12), and not for minutes before finding
+    # the run directory read-only
+    there = Path(run_dir).is_dir()  # else `load_run` names the problem
+    if there:
+        try:
+            check_writable(Path(run_dir) / "mechanism.json")
+        except OSError as e:
+            raise OpctError(f"{run_dir}: cannot write mechanism.json there: {os_problem(e)}") from None
+    with dir_lock(run_dir, "experiment", instead="") if there else nullcontext():
+        return _probe(load_run(run_dir), arms, n, batch_size, progress)
+
+
+def _probe(run, arms, n: int, batch_size: int, progress: bool) -> dict:
+    import torch
+    from tqdm.auto import tqdm
+
+    from opct.files import write_json_atomic
+    from opct.policy import load_policy
+    from opct.subjects import resolve
+
     model_dir, _ = resolve(str(run.experiment.get("model_dir") or run.experiment.get("model", "default")))
     trained = [a for a in run.arms if a not in UNTRAINED and _method_of(run, a) not in UNTRAINED]
     if arms:
