@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from opct.errors import DataError, OpctError
@@ -99,3 +100,30 @@ def check(value, shape, path, line: int = 0, field: str = ""):
 def read_checked(path, what: str, shape):
     """The JSON value in `path` (`opct.files.read_json`), checked against `shape`."""
     return check(read_json(path, what), shape, path)
+
+
+# ------------------------------------------------------------------------------------------------ done.json
+# A finished cell's marker, written last by the runner of many cells, with the fields that say which cell it marks;
+# read back by the runner (to skip the cell), the reports and the studies, all through `read_done`.
+SECONDS = (None, {"*": NUM})
+METRICS = (None, {"*": {"value?": (None, NUM)}})
+DONE_SHAPES = {
+    "experiment": {"arm": NAME, "seed": INT, "seconds?": SECONDS},  # OUT/NAME/<arm>/<seed>/
+    "threats": {"seed": INT, "threat": STR, "method": NAME, "seconds?": SECONDS, "metrics?": METRICS},
+    "evaluation": {"model": STR, "adapter": (None, STR), "metrics?": METRICS},  # a robustness study's evaluation
+}
+
+
+def read_done(path, kind: str, folder: str = "", **cell) -> dict:
+    """The done.json at `path` of a cell of `kind` (`DONE_SHAPES`), checked: each field that says which cell it marks
+    there with its type, and equal to `cell` (field -> what the cell's `folder` says). Until 2026-12 a done.json
+    without them (or with a seed of "0") was taken as its folder's, so one written by hand or by another tool marked
+    any cell done; one of another cell (copied, moved or linked from another folder, 2026-12-07) was read as this
+    one's."""
+    done = read_checked(path, "done", DONE_SHAPES[kind])
+    for key, want in cell.items():
+        if done[key] != want:
+            raise OpctError(f"{path}: {key}: {done[key]!r}, but the cell's folder is {folder}: a cell copied, moved "
+                            f"or linked from another folder; put it back, or remove {Path(path).parent} to run it "
+                            f"again")
+    return done

@@ -412,20 +412,23 @@ def test_a_mechanism_json_that_cannot_be_read_names_the_file(tmp_path, capsys, t
     assert err.startswith(f"opct: error: {path}") and problem in err, err
 
 
-@pytest.mark.parametrize("done, problem", [({"arm": "bct", "seed": 0}, "arm: 'bct'"),
-                                           ({"arm": "opct", "seed": 7}, "seed: 7"),
-                                           ({"arm": "opct", "seed": "0"}, "seed: '0'")])
+@pytest.mark.parametrize("done, problem", [({"arm": "bct", "seed": 0}, "arm: 'bct', but the cell's folder is opct/0"),
+                                           ({"arm": "opct", "seed": 7}, "seed: 7, but the cell's folder is opct/0"),
+                                           ({"arm": "opct", "seed": "0"}, 'seed: must be an integer (got "0")'),
+                                           ({"arm": "opct"}, "seed: missing"), ({"seed": 0}, "arm: missing"),
+                                           ({}, "arm: missing")])
 def test_a_done_json_of_another_cell_is_named(tmp_path, capsys, done, problem):
     """A done.json of another arm or seed (a cell copied or moved between folders) was read as this cell's (a probe,
-    2026-12-07); a done.json without arm and seed (written by hand) is taken as its folder's."""
+    2026-12-07); one without its arm or seed (written by hand), or with a seed of "0", was taken as its folder's
+    (2026-12): now each is refused, naming the file and the field."""
     run = make_run(tmp_path, dict(EXPERIMENT, arms=["base", "opct"]), {("base", 0): BASE_METRICS,
                                                                         ("opct", 0): BASE_METRICS})
     path = run / "opct" / "0" / "done.json"
     path.write_text(json.dumps(done))
     assert main(["report", str(run)]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith(f"opct: error: {path}: {problem}, but the cell's folder is opct/0"), err
-    path.write_text("{}")
+    assert err.startswith(f"opct: error: {path}: {problem}"), err
+    path.write_text(json.dumps({"arm": "opct", "seed": 0}))
     assert ("opct", 0) in load_run(run).cells
 
 

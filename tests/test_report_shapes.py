@@ -55,6 +55,12 @@ def _experiment(tmp_path):
     ("bct/0/eval", "x", "bct/0/eval: is a file, expected a directory"),
     ("bct/0/train", "x", "bct/0/train: is a file, expected a directory"),
     ("bct/0/done.json", [], "bct/0/done.json: must be an object (got [])"),
+    # a done.json without its arm or seed (or with a seed of "0") was taken as its folder's (2026-12)
+    ("bct/0/done.json", {"seed": 0}, "bct/0/done.json: arm: missing"),
+    ("bct/0/done.json", {"arm": "bct"}, "bct/0/done.json: seed: missing"),
+    ("bct/0/done.json", {"arm": "bct", "seed": "0"}, "bct/0/done.json: seed: must be an integer (got \"0\")"),
+    ("bct/0/done.json", {"arm": "bct", "seed": 0, "seconds": {"eval": "1 s"}},
+     "bct/0/done.json: seconds.eval: must be a number (got \"1 s\")"),
     ("bct/0/eval/run.json", [1], "bct/0/eval/run.json: must be an object (got [1])"),
     ("bct/0/eval/run.json", {"lm_eval_errors": ["mmlu"]},
      "bct/0/eval/run.json: lm_eval_errors: must be an object (got [\"mmlu\"])"),
@@ -88,12 +94,17 @@ def test_an_experiment_json_with_no_seeds_and_cells_emptied_since_are_said(tmp_p
 
 # ------------------------------------------------------------------------------------------ threats runs
 
+CONTROL = {"seed": 0, "threat": "", "method": "control"}  # what seed0/control/done.json says it marks
+
+
 def _threats(tmp_path, settings=None):
     root = tmp_path / "thr"
     _write(root / "threats.json", settings or {"name": "thr", "seeds": [0], "threats": ["sycophancy"],
                                                "methods": ["bct"]})
     for cell in ("base", "control", "sycophancy/bct"):
-        _write(root / "seed0" / cell / "done.json", {"seconds": {"eval": 1.0}, "metrics": {
+        threat, _, method = cell.rpartition("/")
+        _write(root / "seed0" / cell / "done.json", {"seed": 0, "threat": threat, "method": method,
+                                                     "seconds": {"eval": 1.0}, "metrics": {
             "sycophancy.sycophancy_rate": {"value": 0.5, "higher_is_better": False}}})
     return root
 
@@ -115,9 +126,19 @@ def _threats(tmp_path, settings=None):
     ("threats.json", {"seeds": [0], "threats": [], "methods": [], "train": {"max_steps": "4"}},
      "threats.json: train.max_steps: must be an integer or null (got \"4\")"),
     ("seed0/base/done.json", [], "seed0/base/done.json: must be an object (got [])"),
-    ("seed0/control/done.json", {"metrics": {"m": 0.5}}, "seed0/control/done.json: metrics.m: must be an object"),
-    ("seed0/control/done.json", {"seconds": {"eval": None}},
+    ("seed0/control/done.json", {**CONTROL, "metrics": {"m": 0.5}},
+     "seed0/control/done.json: metrics.m: must be an object"),
+    ("seed0/control/done.json", {**CONTROL, "seconds": {"eval": None}},
      "seed0/control/done.json: seconds.eval: must be a number (got null)"),
+    # a done.json that did not say which cell it marks (or said it with a string for a number) was taken as its
+    # folder's, and one of another cell was read as this one's (2026-12)
+    ("seed0/control/done.json", {"seed": 0, "method": "control"}, "seed0/control/done.json: threat: missing"),
+    ("seed0/control/done.json", {**CONTROL, "seed": "0"},
+     "seed0/control/done.json: seed: must be an integer (got \"0\")"),
+    ("seed0/control/done.json", {**CONTROL, "method": "base"},
+     "seed0/control/done.json: method: 'base', but the cell's folder is seed0/control: a cell copied"),
+    ("seed0/sycophancy/bct/done.json", {"seed": 1, "threat": "sycophancy", "method": "bct"},
+     "seed0/sycophancy/bct/done.json: seed: 1, but the cell's folder is seed0/sycophancy/bct"),
     ("seed0", "x", "seed0: is a file, expected a directory"),
     ("seed0/sycophancy", "x", "seed0/sycophancy: is a file, expected a directory"),
 ])
@@ -247,3 +268,24 @@ def test_a_threats_or_robustness_header_never_reads_none(tmp_path):
         assert main(["report", str(root)]) == 0
         md = (root / "results.md").read_text()
         assert "None" not in md and "**model**: ?" in md
+
+
+def test_a_robustness_evaluations_done_json_must_say_what_it_evaluated(tmp_path):
+    """A robustness evaluation's done.json (`opct.robustness.cells.evaluate`) with metrics but no model or adapter
+    (written by hand, or by another tool) was taken as done; it is refused naming the field, before any model loads,
+    through the reader every done.json goes through (`opct.shapes.read_done`)."""
+    from opct.errors import OpctError
+    from opct.evals.run import EvalConfig
+    from opct.robustness.cells import evaluate
+
+    metrics = {"sycophancy.sycophancy_rate": {"value": 0.5}}
+    done = tmp_path / "done.json"
+    for value, problem in (({"metrics": metrics}, "model: missing"),
+                           ({"model": "m", "metrics": metrics}, "adapter: missing"),
+                           ({"model": 5, "adapter": None, "metrics": metrics}, "model: must be a string (got 5)")):
+        _write(done, value)
+        with pytest.raises(OpctError) as e:
+            evaluate("no-such-model", None, ["sycophancy"], EvalConfig(), {}, 0, tmp_path, print)
+        assert str(e.value) == f"{done}: {problem}"
+    _write(done, {"model": "m", "adapter": None, "metrics": metrics})
+    assert evaluate("no-such-model", None, ["sycophancy"], EvalConfig(), {}, 0, tmp_path, print) == metrics

@@ -24,6 +24,13 @@ def _write(tmp_path, **over) -> Path:
     return path
 
 
+def _mark(d: Path, seed: int, cell: str, **done) -> None:
+    """The done.json of the cell `cell` (`base`, `control`, `THREAT/METHOD`) of `seed`, in its folder `d`, as
+    `run_threats` writes it: with the seed, threat and method it marks."""
+    threat, _, method = cell.rpartition("/")
+    (d / "done.json").write_text(json.dumps({"seed": seed, "threat": threat, "method": method, **done}))
+
+
 @pytest.fixture(scope="module")
 def tiny_run(test_organism, tmp_path_factory):
     from opct.threats import load_threats
@@ -245,8 +252,8 @@ def test_a_partial_run_lists_its_unfinished_cells(tmp_path):
         for seed in (0, 1) if cell == "base" else (0,):
             d = root / f"seed{seed}" / cell
             d.mkdir(parents=True)
-            (d / "done.json").write_text(json.dumps({"seconds": {"eval": 1.0}, "metrics": {
-                "sycophancy.sycophancy_rate": {"value": 0.5, "higher_is_better": False}}}))
+            _mark(d, seed, cell, seconds={"eval": 1.0}, metrics={
+                "sycophancy.sycophancy_rate": {"value": 0.5, "higher_is_better": False}})
     (root / "seed1" / "control").mkdir()  # started, not finished
     write_matrix(root)
     _, md_path = build(root)
@@ -269,7 +276,7 @@ def test_a_finished_cell_whose_metrics_were_emptied_is_listed_as_such_not_read_a
     metric = {"sycophancy.sycophancy_rate": {"value": 0.5, "higher_is_better": False}}
     for cell, done in (("base", {"metrics": metric}), ("control", {"metrics": {}}), ("sycophancy/bct", {})):
         (root / "seed0" / cell).mkdir(parents=True)
-        (root / "seed0" / cell / "done.json").write_text(json.dumps(done))
+        _mark(root / "seed0" / cell, 0, cell, **done)
     m = build_matrix(root)
     assert m["missing"] == ["seed 0: control: done.json holds no metrics (`opct run` runs it again)",
                             "seed 0: sycophancy / bct: done.json holds no metrics (`opct run` runs it again)"]
@@ -300,9 +307,9 @@ def test_matrix_clips_deltas_by_the_metrics_range_not_by_the_values_seen(tmp_pat
         for seed, v in enumerate(per_seed):
             d = root / f"seed{seed}" / cell
             d.mkdir(parents=True)
-            (d / "done.json").write_text(json.dumps({"seconds": {}, "metrics": {
+            _mark(d, seed, cell, seconds={}, metrics={
                 "sycophancy.brr": {"value": v, "higher_is_better": False},
-                "sycophancy.sycophancy_rate": {"value": v, "higher_is_better": False}}}))
+                "sycophancy.sycophancy_rate": {"value": v, "higher_is_better": False}})
     m = build_matrix(root)
     cell = {c["metric"]: c for c in m["cells"]}
     brr, rate = cell["sycophancy.brr"], cell["sycophancy.sycophancy_rate"]
@@ -350,8 +357,8 @@ def test_every_table_marks_a_cell_over_fewer_seeds_than_the_run(tmp_path):
                 continue
             d = root / f"seed{seed}" / cell
             d.mkdir(parents=True)
-            (d / "done.json").write_text(json.dumps({"seconds": {"eval": 1.0}, "metrics": {
-                "sycophancy.brr": {"value": v + 0.01 * seed, "higher_is_better": False}}}))
+            _mark(d, seed, cell, seconds={"eval": 1.0}, metrics={
+                "sycophancy.brr": {"value": v + 0.01 * seed, "higher_is_better": False}})
     write_matrix(root)
     _, md_path = build(root)
     md = md_path.read_text()
@@ -378,8 +385,8 @@ def test_unparsed_answers_are_counted_and_a_change_read_off_them_is_inconclusive
                             ("sycophancy/opct", 0.0, 16)):
             d = root / f"seed{seed}" / cell
             d.mkdir(parents=True)
-            (d / "done.json").write_text(json.dumps({"seconds": {}, "metrics": {"sycophancy.sycophancy_rate": {
-                "value": v + 0.01 * seed, "n": 16, "parse_fail": pf, "higher_is_better": False}}}))
+            _mark(d, seed, cell, seconds={}, metrics={"sycophancy.sycophancy_rate": {
+                "value": v + 0.01 * seed, "n": 16, "parse_fail": pf, "higher_is_better": False}})
     m = write_matrix(root)
     cell = {c["method"]: c for c in m["cells"]}
     assert list(cell["opct"]["method_unparsed"]) == [32, 32] and list(cell["bct"]["control_unparsed"]) == [2, 32]

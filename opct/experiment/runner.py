@@ -108,8 +108,7 @@ def cell_dir(root: Path, arm: str, seed: int) -> Path:
 def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
     """Run every (seed, arm) cell not already done; write the report; return the experiment directory."""
     from opct.evals.resume import finished_metrics
-    from opct.report.rundir import check_cell
-    from opct.shapes import OBJECT, read_checked
+    from opct.shapes import read_done
     from opct.modeldir import check_device
     from opct.policy import count_parameters, cpu_threads
 
@@ -159,7 +158,7 @@ def run_experiment(cfg: ExperimentConfig, log=print) -> Path:
             for i, (seed, arm) in enumerate(cells, 1):
                 d = cell_dir(root, arm, seed)
                 if (d / "done.json").exists():
-                    check_cell(d / "done.json", read_checked(d / "done.json", "done", OBJECT), arm, seed)
+                    read_done(d / "done.json", "experiment", f"{arm}/{seed}", arm=arm, seed=seed)
                     if not (why := finished_metrics(d / "eval")[1]):
                         log(f"[{i}/{len(cells)}] {arm} seed {seed}: done already, skipped")
                         continue
@@ -307,8 +306,7 @@ def _arm_train_config(cfg: ExperimentConfig, arm: str, seed: int, model: str, pa
 def check_trained_cells(cfg: ExperimentConfig, root: Path, model: str) -> None:
     """Before experiment.json is rewritten or anything runs: every cell of this run already trained (final/) was
     trained as its arm trains now, on its pairs (`opct.train.rundir.check_finished`)."""
-    from opct.report.rundir import check_cell
-    from opct.shapes import OBJECT, read_checked
+    from opct.shapes import read_done
     from opct.train.rundir import check_finished
 
     for seed in cfg.seeds:
@@ -317,7 +315,7 @@ def check_trained_cells(cfg: ExperimentConfig, root: Path, model: str) -> None:
             if cfg.method(arm) in UNTRAINED or not (out / "final").exists():
                 continue
             if (done := out.parent / "done.json").exists():  # a cell copied from another folder is named as that
-                check_cell(done, read_checked(done, "done", OBJECT), arm, seed)
+                read_done(done, "experiment", f"{arm}/{seed}", arm=arm, seed=seed)
             check_finished(out, _arm_train_config(cfg, arm, seed, model, pairs_path(cfg, root, seed, arm), out),
                            f"the {arm} cell of seed {seed}")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from opct.errors import DataError, OpctError
 from opct.files import dir_there, is_dir_name, read_appended_jsonl, read_json
 from opct.resume_check import check_extended
-from opct.shapes import OBJECT, read_checked
+from opct.shapes import read_done
 
 
 @dataclass
@@ -157,8 +157,7 @@ def load_run(run_dir) -> Run:
             if not (d / "done.json").exists():
                 missing.append((arm, seed, "incomplete (no done.json)"))
                 continue
-            done = read_checked(d / "done.json", "done", OBJECT)
-            check_cell(d / "done.json", done, arm, seed)
+            done = read_done(d / "done.json", "experiment", f"{arm}/{seed}", arm=arm, seed=seed)
             metrics, why = finished_metrics(d / "eval")
             if why:  # damaged since: not shown as measured (`opct run` evaluates it again)
                 missing.append((arm, seed, f"done.json, but {why}"))
@@ -166,16 +165,6 @@ def load_run(run_dir) -> Run:
             cells[(arm, seed)] = SeedRun(arm, seed, d, done, metrics, read_curve(d / "train" / "metrics.jsonl"))
             failed += [(arm, seed, why) for why in eval_failures(d / "eval")]
     return Run(run_dir, exp, list(arms), list(seeds), cells, missing, failed)
-
-
-def check_cell(path: Path, done: dict, arm: str, seed: int) -> None:
-    """A cell's done.json names the arm and seed `opct run` wrote it for: one copied or linked from another arm's
-    folder (`ln -s ../bct/0 opct/0`) had the report show bct's numbers as opct's, and a rerun skip it (2026-12-07)."""
-    for key, want in (("arm", arm), ("seed", seed)):
-        got = done.get(key, want)  # a done.json without them (written by hand) is taken as the folder's
-        if got != want or type(got) is not type(want):
-            raise OpctError(f"{path}: {key}: {got!r}, but the cell's folder is {arm}/{seed}: a cell copied, moved "
-                            f"or linked from another folder; put it back, or remove {path.parent} to run it again")
 
 
 def eval_failures(eval_dir: Path) -> list[str]:

@@ -207,7 +207,7 @@ def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfi
     if done.exists():  # emptied or cut since (a KeyError, or no metric a study names): evaluated again, resumed
         from opct.threats.matrix import done_metrics
 
-        if metrics := done_metrics(done, "evaluation"):
+        if metrics := done_metrics(done, "evaluation"):  # the model and adapter it records are paths: not compared
             return metrics
     policy = load_policy(model_dir, adapter=adapter, dtype=ec.dtype, device=ec.device, progress=ec.progress)
     metrics: dict = {}

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 from opct.files import dir_there, write_json_atomic
-from opct.shapes import INT, NAME, NUM, OBJECT, STR, read_checked
+from opct.shapes import INT, NAME, NUM, OBJECT, STR, read_checked, read_done
 
 MATRIX = "cross_threat.json"
 # What the matrix and its report read of threats.json and of a cell's done.json (opct/shapes.py); a threat or method
@@ -28,13 +28,13 @@ SETTINGS_SHAPE = {"seeds": [INT], "threats": [NAME], "methods": [NAME], "name?":
                   "model_dir?": (None, STR), "no_signal?": {"*": [STR]}, "note?": (None, STR),
                   "train?": (None, {"max_steps?": (None, INT), "batch_size?": (None, INT), "lr?": (None, NUM)}),
                   "eval?": (None, OBJECT)}
-DONE_SHAPE = {"metrics?": (None, {"*": {"value?": (None, NUM)}}), "seconds?": (None, {"*": NUM})}
 
 
-def done_metrics(path: Path, what: str) -> dict | None:
-    """The metrics a cell's done.json holds (checked against DONE_SHAPE; an error naming the file when malformed), or
-    None when they were removed or emptied since: the cell is then no cell measured, and its runner runs it again."""
-    return read_checked(path, what, DONE_SHAPE).get("metrics") or None
+def done_metrics(path: Path, kind: str, folder: str = "", **cell) -> dict | None:
+    """The metrics the done.json of a cell of `kind` holds (`opct.shapes.read_done`: an error naming the file and
+    field when malformed, or of another cell), or None when they were removed or emptied since: the cell is then no
+    cell measured, and its runner runs it again."""
+    return read_done(path, kind, folder, **cell).get("metrics") or None
 
 
 def value_of(metrics: dict | None, name: str) -> float | None:
@@ -69,7 +69,8 @@ def load_cells(root: Path) -> tuple[dict, dict]:
         for threat, method in keys:
             d = cell_dir(root, seed, threat, method)
             if dir_there(d, root) and (d / "done.json").exists():  # a file where a cell's folder belongs: an error
-                done[(seed, threat, method)] = read_checked(d / "done.json", "threats cell", DONE_SHAPE)
+                done[(seed, threat, method)] = read_done(d / "done.json", "threats", d.relative_to(root).as_posix(),
+                                                         seed=seed, threat=threat, method=method)
     return settings, done
 
 

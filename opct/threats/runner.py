@@ -129,7 +129,8 @@ def run_threats(cfg: ThreatsConfig, log=print) -> Path:
                 log(f"{tag}: {NO_SIGNAL}, not trained")
                 continue
             if (d / "done.json").exists():
-                if done_metrics(d / "done.json", "threats cell"):
+                if done_metrics(d / "done.json", "threats", d.relative_to(root).as_posix(), seed=seed, threat=threat,
+                                method=method):
                     log(f"{tag}: done already, skipped")
                     continue
                 # emptied since (`matrix.build_matrix` lists it as damaged): its training kept, its evaluation resumed
