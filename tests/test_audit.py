@@ -351,6 +351,48 @@ def test_filter_gap_and_t_interval_closed_forms():
     assert D.t_interval([0.5])["ci_low"] is None
 
 
+def test_undefined_bootstrap_draws_and_seeds_are_counted_not_dropped_silently():
+    """The audit's intervals left out a bootstrap draw, or a seed's value, where the statistic was NaN (a resample
+    with no kept row; a rate of no rows) without a word: an interval over 660 of 1000 draws read like one over all.
+    Now `n_nonfinite` counts them (of `n_boot` draws), and with nothing left the value is None with `why`."""
+    kept = {"kind": "filter", "scores": [1.0], "misaligned": [True], "chosen": 0}
+    one_kept = [kept] + [{"kind": "filter", "scores": [0.0], "misaligned": [i % 2 == 0], "chosen": None}
+                         for i in range(5)]
+    gap = D.filter_gap(one_kept)
+    # a resample of 6 rows misses the one kept row with probability (5/6)^6 = 0.335: no P(misaligned | kept)
+    assert gap["n_boot"] == D.N_BOOT and 250 < gap["n_nonfinite"] < 420 and gap["ci_low"] is not None
+    assert D.filter_gap([kept] * 3 + one_kept[1:4])["n_nonfinite"] < gap["n_nonfinite"]
+    t = D.t_interval([float("nan"), 0.2, 0.3])
+    assert (t["value"], t["n_seeds"], t["n_nonfinite"]) == (pytest.approx(0.25), 2, 1)
+    none = D.t_interval([float("nan"), float("inf"), None])
+    assert none["value"] is None and none["n_nonfinite"] == 2 and none["why"] == "every value is undefined (2 not finite)"
+    one = D.change_interval([({"i": [50, 100], "j": [0, 0]}, {"i": [60, 100], "j": [0, 0]})])
+    assert one["value"] == pytest.approx(0.1) and 150 < one["n_nonfinite"] < 350  # draws of item j alone: 0/0
+
+
+def test_the_audit_tables_say_how_many_draws_or_seeds_an_interval_left_out(tmp_path):
+    """The rendered tables showed an interval over part of the draws (or seeds) as one over all of them; each now
+    says what it left out: '(N of 1000 draws undefined)', '(1 non-finite seed left out)'."""
+    from opct.audit.render import markdown
+
+    rows = _cell_rows(RH.NAME, "bct", [0.1])
+    org, cell = rows[0]
+    for rec in (org["base"], org["derived"], cell["after"]):
+        rec["items"] = {**rec["items"], "j": [0, 0]}  # an item with no rows: a resample of it alone is 0/0
+    more = _cell_rows(SC.NAME, "bct", [0.1, 0.2, 0.1])
+    org, cell = more[1]
+    for rec in (org["base"], org["derived"], cell["after"]):
+        rec["items"] = {"i": [0, 0]}  # seed 1 measured no row: its change is 0/0
+    s = _summary(tmp_path, [rows, more])
+    one, three = (next(c for c in s["cells"] if c["organism"] == o)["change"] for o in (RH.NAME, SC.NAME))
+    assert one["n_nonfinite"] > 0 and (three["n_seeds"], three["n_nonfinite"]) == (2, 1)
+    text = markdown(s)
+    line = next(x for x in text.splitlines() if x.startswith(f"| {RH.NAME} | bct "))
+    assert f"({one['n_nonfinite']} of {D.N_BOOT} draws undefined)" in line, line
+    line = next(x for x in text.splitlines() if x.startswith(f"| {SC.NAME} | bct "))
+    assert "(1 non-finite seed left out)" in line, line
+
+
 # ------------------------------------------------------------------------------------------ collapse and findings
 
 def _cell_rows(organism, method, changes, unparsed_rise=0.0, before=0.5):

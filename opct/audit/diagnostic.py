@@ -20,6 +20,9 @@ per-seed changes and a 95% Student-t interval over seeds (each seed has its own 
 labels and fine-tuning, so the seed-to-seed spread carries all of it, measurement noise included); with one seed the
 change and a bootstrap interval over probe items (`change_interval`: resample the seeds, then within each drawn seed
 the probe items; the statistic is pooled rate after minus pooled rate before).
+
+A bootstrap draw, or a seed's value, where a statistic is undefined (NaN) is left out of its interval and counted:
+`n_nonfinite` in every result (of `n_boot` draws for a bootstrap), shown beside the number in the audit's tables.
 """
 
 from __future__ import annotations
@@ -94,11 +97,16 @@ def eta_bins(groups: list[dict], n_bins: int = 5) -> list[dict]:
     return out
 
 
-def _interval(values: list[float]) -> tuple:
+def _interval(values: list[float]) -> dict:
+    """The 95% percentile interval of bootstrap draws, over the draws where the statistic is defined: a resample can
+    leave it undefined (every centred score tied, no row kept), and such a draw is left out. Until 2026-12 that was
+    silent; now `n_nonfinite` counts them (of `n_boot`), and an interval from fewer than 10 defined draws is None
+    with `why`, so a reader sees an interval that stands on part of the draws, or on none."""
     v = np.asarray([x for x in values if np.isfinite(x)])
+    out = {"ci_low": None, "ci_high": None, "n_boot": len(values), "n_nonfinite": len(values) - len(v)}
     if len(v) < 10:
-        return None, None
-    return float(np.quantile(v, 0.025)), float(np.quantile(v, 0.975))
+        return {**out, "why": f"no interval: {out['n_nonfinite']} of {len(values)} bootstrap draws undefined"}
+    return {**out, "ci_low": float(np.quantile(v, 0.025)), "ci_high": float(np.quantile(v, 0.975))}
 
 
 def trend(groups: list[dict], seed: int = 0) -> dict:
@@ -111,8 +119,7 @@ def trend(groups: list[dict], seed: int = 0) -> dict:
     for _ in range(N_BOOT):
         pick = rng.integers(0, len(S), len(S))
         boots.append(spearman(np.concatenate([S[i] for i in pick]), np.concatenate([M[i] for i in pick])))
-    lo, hi = _interval(boots)
-    return {"rho": None if not np.isfinite(rho) else rho, "ci_low": lo, "ci_high": hi, "n_groups": len(S)}
+    return {"rho": None if not np.isfinite(rho) else rho, **_interval(boots), "n_groups": len(S)}
 
 
 def selection_gap(groups: list[dict], seed: int = 0) -> dict:
@@ -127,8 +134,7 @@ def selection_gap(groups: list[dict], seed: int = 0) -> dict:
     for _ in range(N_BOOT):
         b = a[rng.integers(0, len(a), len(a))]
         boots.append(b[:, 0].mean() - b[:, 1].mean())
-    lo, hi = _interval(boots)
-    return {"value": gap, "ci_low": lo, "ci_high": hi, "n_groups": len(rows)}
+    return {"value": gap, **_interval(boots), "n_groups": len(rows)}
 
 
 def filter_gap(groups: list[dict], seed: int = 0) -> dict:
@@ -143,19 +149,25 @@ def filter_gap(groups: list[dict], seed: int = 0) -> dict:
         return b[b[:, 0] == 1, 1].mean() - b[:, 1].mean() if b[:, 0].sum() else float("nan")
 
     rng = np.random.default_rng(seed)
-    lo, hi = _interval([stat(a[rng.integers(0, len(a), len(a))]) for _ in range(N_BOOT)])
-    return {"value": float(stat(a)), "ci_low": lo, "ci_high": hi, "n_groups": len(a), "kept": int(a[:, 0].sum())}
+    boots = _interval([stat(a[rng.integers(0, len(a), len(a))]) for _ in range(N_BOOT)])
+    return {"value": float(stat(a)), **boots, "n_groups": len(a), "kept": int(a[:, 0].sum())}
 
 
 def t_interval(values: list[float], lo_bound: float = -1.0, hi_bound: float = 1.0) -> dict:
-    """Mean and 95% Student-t interval over seeds (None with fewer than two), clipped to [lo_bound, hi_bound]."""
+    """Mean and 95% Student-t interval over seeds (None with fewer than two), clipped to [lo_bound, hi_bound]. A seed
+    whose value is None (undefined there) is left out, as `n_seeds` shows; one that is NaN or infinite (a rate of no
+    rows) is left out too, counted in `n_nonfinite` (until 2026-12 without a word); with none left the value is None
+    and `why` says so."""
     from opct.report.aggregate import t_interval as t
 
-    xs = [float(x) for x in values if x is not None and np.isfinite(x)]
+    given = [float(x) for x in values if x is not None]
+    xs = [x for x in given if np.isfinite(x)]
+    dropped = {"n_nonfinite": len(given) - len(xs)}
     if not xs:
-        return {"value": None, "ci_low": None, "ci_high": None, "n_seeds": 0}
+        why = f"every value is undefined ({dropped['n_nonfinite']} not finite)" if given else "no values"
+        return {"value": None, "ci_low": None, "ci_high": None, "n_seeds": 0, **dropped, "why": why}
     mean, lo, hi = t(xs, lo_bound, hi_bound)
-    return {"value": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(xs)}
+    return {"value": mean, "ci_low": lo, "ci_high": hi, "n_seeds": len(xs), **dropped}
 
 
 def estimate(per_seed: list[tuple[dict, dict]]) -> dict:
@@ -195,8 +207,7 @@ def change_interval(per_seed: list[tuple[dict, dict]], seed: int = 0) -> dict:
             pick = rng.integers(0, len(b), len(b))
             parts.append((b[pick], a[pick]))
         boots.append(stat(parts))
-    lo, hi = _interval(boots)
-    return {"value": None if not np.isfinite(value) else float(value), "ci_low": lo, "ci_high": hi,
+    return {"value": None if not np.isfinite(value) else float(value), **_interval(boots),
             "n_seeds": len(seeds), "per_seed": [float(stat([s])) for s in seeds]}
 
 

@@ -26,7 +26,17 @@ def _ci(d):
 
 
 def _iv(d, signed=False):
-    return "—" if d is None or d.get("value") is None else _fmt(d["value"], signed) + _ci(d)
+    return ("—" if d is None or d.get("value") is None else _fmt(d["value"], signed) + _ci(d)) + _dropped(d)
+
+
+def _dropped(d) -> str:
+    """What an interval left out (`opct.audit.diagnostic`): " (12 of 1000 draws undefined)" for a bootstrap, " (1
+    non-finite seed left out)" for a t-interval over seeds; "" when nothing was (it was not said until 2026-12)."""
+    k = (d or {}).get("n_nonfinite") or 0
+    if not k:
+        return ""
+    return f" ({k} of {d['n_boot']} draws undefined)" if d.get("n_boot") else \
+        f" ({k} non-finite seed{'s' if k > 1 else ''} left out)"
 
 
 def _of_seeds(d, seeds: int, signed=False):
@@ -78,7 +88,8 @@ def _cells(summary: dict) -> list[str]:
     for c in summary["cells"]:
         t = c["trend"] if c["trend"] is not None else c.get("filter_gap")
         tv = None if t is None else {"value": t.get("rho", t.get("value")), "ci_low": t["ci_low"],
-                                     "ci_high": t["ci_high"]}
+                                     "ci_high": t["ci_high"], "n_nonfinite": t.get("n_nonfinite"),
+                                     "n_boot": t.get("n_boot")}
         body.append([c["organism"], c["method"], len(c["seeds"]),
                      f"{_fmt(c['before_mean'])} -> {_fmt(c['after_mean'])}",
                      _iv(c["change"], True), f"{_fmt(c['unparsed_before'])} -> {_fmt(c['unparsed_after'])}",
