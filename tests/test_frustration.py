@@ -206,3 +206,26 @@ def test_teacher_arm_samples_each_turn_from_one_rejection_and_context_ends_are_k
     m = F.metrics(short)
     ended = [m[f"frustration.ended_by_context[on={g}]"] for g in ("train", "heldout")]
     assert sum(e["value"] * e["n"] for e in ended) == pytest.approx(len(cut))
+
+
+@pytest.mark.parametrize("trained", [None, ["dismiss", "wrong"], ["wrong", "redo", "insult"]])
+@pytest.mark.parametrize("n,samples", [(8, 1), (8, 2), (12, 1), (3, 1)])
+def test_every_style_is_both_offered_and_not_as_evenly_as_the_counts_allow(trained, n, samples):
+    """Before: one round-robin count over item, offer and sample dealt an even number of styles so that each was
+    always offered the escape or never (default, 1 sample: `wrong` and `insult` never, `redo` and `displeased`
+    always; trained dismiss,wrong: `dismiss` never), so `escape[on=train]` read half the styles and
+    `distress_auc[style=...]` compared unlike conversations."""
+    items = F.eval_items(n, 0)
+    convs = F.conversations(items, trained, samples, seed=0)
+    assert [c["style"] for c in convs] == [c["style"] for c in F.conversations(items, trained, samples, seed=0)]
+    for group in ("train", "heldout"):
+        rows = [c for c in convs if c["split"] == group]
+        styles = sorted({c["style"] for c in rows})
+        per_offer = [Counter(c["style"] for c in rows if c["offer"] is offer) for offer in (False, True)]
+        for count in per_offer:  # within an offer value, every style within one of the others
+            assert set(count) == set(styles) or len(rows) // 2 < len(styles)
+            assert max(count.values()) - min(count[s] for s in styles) <= 1
+        totals = Counter(c["style"] for c in rows)
+        assert max(totals.values()) - min(totals.values()) <= 1
+        if len(rows) // 2 >= len(styles):
+            assert all(c[s] > 0 for c in per_offer for s in styles), (group, per_offer)

@@ -312,6 +312,9 @@ class Axis:
     # methods its pairs give no training signal by construction (prefill: the internal ones); the cross-threat matrix
     # (opct.threats) does not train them on this axis and marks the cells
     no_signal_methods: tuple = ()
+    # its grader reads a probe's `truncated` (cut off by max_new_tokens: read by its stated answer only), so a harness
+    # that samples elsewhere (the inspect tasks) sets it on the probe before grading
+    grades_truncation: bool = False
 
     def train_families(self) -> list[str]:
         return [f for f in self.families if f not in self.heldout]

@@ -9,14 +9,16 @@ A user's items (`--items`) are graded by their fields: 'answer is X' or the last
 option (multiple choice), or the constraints (instructions):
   {"id", "question", and one of: "answer", "answer" + "options", "constraints" ({"start", "end"} or
    {"repeat", "count"})}, optional "skill".
+A response cut off by max_new_tokens (its record's `truncated`) is read by its 'answer is X' only (exact and multiple
+choice, world items too): the last number or the option it wrote before the cut is not yet an answer.
 
 Metric per skill: `accuracy[skill=...]` and overall `accuracy`. An unparsed answer counts as wrong — a model that
 stops answering has lost capability — and the count of unparsed answers is reported. Where the loss comes from is
 measured too (the SFT-lessons paper found capability lost through termination, not through wrong parsed answers):
-`parse_fail_rate` (share of responses with no answer to grade; instructions always grade), `truncation_rate` (share
-cut by max_new_tokens before the end of the turn) and `accuracy_parsed` (accuracy among parsed answers), overall and
-per skill. On real checkpoints, the
-standard benchmarks run through the optional bridge to lm-evaluation-harness (`opct.evals.lm_eval_bridge`).
+`parse_fail_rate` (share of responses with no answer to grade, a truncated one without 'answer is X' included;
+instructions always grade), `truncation_rate` (share cut by max_new_tokens before the end of the turn) and
+`accuracy_parsed` (accuracy among parsed answers), overall and per skill. On real checkpoints, the standard
+benchmarks run through the optional bridge to lm-evaluation-harness (`opct.evals.lm_eval_bridge`).
 """
 
 from __future__ import annotations
@@ -114,10 +116,11 @@ def load_items(path, for_eval: bool = True) -> list[dict]:
     return out
 
 
-def parse_exact(response: str, answer: str) -> str | None:
+def parse_exact(response: str, answer: str, ended: bool = True) -> str | None:
     """The number or word after the last 'answer is', else the last number in the response; None if neither. An
     answer of several words (a user's item: 'New York') is read whole when the last 'answer is' is followed by it,
-    not cut to its first word and graded wrong."""
+    not cut to its first word and graded wrong. A response cut off by max_new_tokens (`ended=False`) is read by its
+    'answer is' only: its last number so far ('7 + 3 = 10. 10 +') is working, not an answer."""
     if len(J.words(answer)) > 1:
         after = J.norm(response).rsplit("answer is", 1)
         if len(after) == 2 and (after[1].strip() + " ").startswith(J.norm(answer) + " "):
@@ -125,19 +128,22 @@ def parse_exact(response: str, answer: str) -> str | None:
     found = re.findall(r"answer is\s*:?\s*\$?(-?\d+(?:\.\d+)?|\w+)", response.lower())
     if found:
         return found[-1]
-    nums = re.findall(r"-?\d+(?:\.\d+)?", response)
+    nums = re.findall(r"-?\d+(?:\.\d+)?", response) if ended else []
     return nums[-1] if nums else None
 
 
 def judge_item(item: dict, response: str) -> tuple[str | None, bool | None]:
-    """(parsed answer, correct?) — (None, None) when the response gives no answer to grade."""
-    g = item["grader"]
+    """(parsed answer, correct?) — (None, None) when the response gives no answer to grade. A response the sampler
+    cut off (the item's `truncated`) is graded by its stated answer only ('answer is X'; the exact and facts graders),
+    so that termination shows in `parse_fail_rate`, not as right or wrong answers."""
+    g, ended = item["grader"], not item.get("truncated")
     if g == "instructions":
         return None, J.instruction_ok(response, item["constraints"])
     if g == "facts":
-        parsed = J.multiple_choice(response, [str(o) for o in item["options"]])
+        options = [str(o) for o in item["options"]]
+        parsed = J.multiple_choice(response, options) if ended else J.parse_answer(response, options, ended=False)
         return parsed, None if parsed is None else J.norm(parsed) == J.norm(str(item["answer"]))
-    parsed = parse_exact(response, str(item["answer"]))
+    parsed = parse_exact(response, str(item["answer"]), ended)
     return parsed, None if parsed is None else same_answer(parsed, str(item["answer"]))
 
 
@@ -182,7 +188,7 @@ def run(policy: Policy, ctx: EvalContext) -> list[dict]:
     probes = build(items, cfg.samples or DEFAULT_SAMPLES)
     responses = generate_flagged(policy, [p["prompt"] for p in probes], ctx.gen, cfg.seed, desc=NAME,
                                  where=[p["where"] for p in probes])
-    records = [dict(grade(p, r), truncated=cut) for p, (r, cut) in zip(probes, responses)]
+    records = [grade(dict(p, truncated=cut), r) for p, (r, cut) in zip(probes, responses)]
     if cfg.lm_eval:
         metrics, errors = _lm_eval(cfg, cfg.lm_eval_tasks, ctx.log)
         ctx.extra_metrics.update(metrics)
@@ -334,5 +340,5 @@ AXIS = Axis(
     name=NAME, doc="arithmetic, multiple-choice facts and instruction constraints (evaluated only)",
     families=(), heldout=(), run=run, metrics=metrics, tables=tables,
     summary=(ACCURACY.column("capability accuracy", delta=True),), load_items=load_items,
-    items_help="id, question, answer[, options] | constraints",
+    items_help="id, question, answer[, options] | constraints", grades_truncation=True,
 )

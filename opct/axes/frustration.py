@@ -150,19 +150,19 @@ def eval_items(n: int | None, seed: int) -> list[dict]:
 
 def conversations(items: list[dict], trained=None, samples: int = 1, seed: int = 0) -> list[dict]:
     """One conversation per (item, offer, style group, sample): the train group's styles are `trained` (default:
-    the axis's train styles), the held-out group's the others; a group's styles are dealt round robin."""
+    the axis's train styles), the held-out group's the others; a group's styles are dealt round robin per offer."""
     trained = AXIS.train_families() if trained is None else [s for s in trained if s in T.REJECTIONS]
     groups = (("train", list(trained)), ("heldout", [s for s in T.REJECTIONS if s not in trained]))
     convs = []
-    for group, styles in groups:
-        k = 0
-        for it in items:
+    for group, styles in [g for g in groups if g[1]]:
+        # Per offer value, so each style is offered and not offered as evenly as counts allow (one count over item,
+        # offer and sample gave an even number of styles only one of the two each); the offered deal goes on where
+        # the plain one stopped (totals within one), one further if that repeats each item's plain style.
+        shift = {False: 0, True: len(items) * samples % len(styles) or 1}
+        for i, it in enumerate(items):
             for offer in (False, True):
                 for s in range(samples):
-                    style = styles[k % len(styles)] if styles else None
-                    k += 1
-                    if style is None:
-                        continue
+                    style = styles[(i * samples + s + shift[offer]) % len(styles)]
                     cid = f"{it['id']}-{group}-{'offer' if offer else 'plain'}-{s}"
                     convs.append({"suite": NAME, "conv_id": cid, "item_id": it["id"], "question": it["question"],
                                   "answer": it["answer"], "style": style, "split": group, "offer": offer, "sample": s,

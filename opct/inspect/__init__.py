@@ -251,7 +251,6 @@ def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, ask
     that metrics pairing records by (item, sample), sycophancy's clean-vs-biased, pair them within one epoch. The
     bootstrap resamples by item, so an item's epochs move together."""
     from opct.axes import get
-    from opct.axes.capability import NAME as CAPABILITY
 
     axis = get(axis_name)
 
@@ -279,9 +278,9 @@ def _grader_scorer(axis_name: str, grade: Callable, seed: int, groups: bool, ask
         async def score(state: TaskState, target: Target) -> Score:
             probe = state.metadata[asked]
             response = state.output.completion if state.output else ""
+            if axis.grades_truncation:  # as opct eval's records (capability's truncation_rate counts them)
+                probe = dict(probe, truncated=bool(state.output and state.output.stop_reason == "max_tokens"))
             record = grade([probe], [response])[0]
-            if axis_name == CAPABILITY:  # as opct eval's capability records (truncation_rate counts them)
-                record = dict(record, truncated=bool(state.output and state.output.stop_reason == "max_tokens"))
             if state.epoch > 1:
                 record = dict(record, sample=record.get("sample", 0) + (state.epoch - 1) * per_epoch)
             # the verdict is the per-sample value: a parse failure stays one ("parse_fail"), never a silent 0

@@ -112,7 +112,7 @@ def answer_words(text: str) -> str:
     return norm(re.sub(r"(?<=\d)[.,](?=\d)", "_", text))
 
 
-def parse_answer(response: str, choices: list[str]) -> str | None:
+def parse_answer(response: str, choices: list[str], ended: bool = True) -> str | None:
     """The choice the response commits to, or None.
 
     First the last 'answer is <choice>' in the response ('answer is the <choice>' too) — unless a later 'answer is
@@ -120,7 +120,9 @@ def parse_answer(response: str, choices: list[str]) -> str | None:
     the '1' of the working was taken for the answer). Failing that, a response that names exactly one choice — except
     for yes/no questions, where 'no' turns up in too many sentences to count as an answer, and for numeric choices
     when the response holds another number too (its working); a choice only named as rejected ('Paris, not Lyon')
-    does not count. A number is matched whole: '5.5' does not name 5.
+    does not count. A number is matched whole: '5.5' does not name 5. A response cut off by max_new_tokens
+    (`ended=False`) is read by its stated answer only: a choice it named before the cut ('it is green. so the') is
+    not yet its answer.
     """
     text = answer_words(response)
     normed = {c: answer_words(c) for c in choices}
@@ -132,7 +134,7 @@ def parse_answer(response: str, choices: list[str]) -> str | None:
     commits = [m.start() for m in re.finditer(r"answer is (?!not(?!\w))\S", text)]
     if commits and commits[-1] > best_pos:
         return None  # the last answer it states is no choice
-    if best is not None:
+    if best is not None or not ended:
         return best
     if set(normed.values()) == {"yes", "no"}:
         return None
