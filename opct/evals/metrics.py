@@ -16,7 +16,9 @@ How the interval is computed: records are grouped into *units* (an item id, or a
 a short vector of sums (e.g. [hits, trials]); a statistic maps the column totals to a number (hits / trials, or a
 difference of two ratios). The bootstrap draws units with replacement (multinomial counts), so every record of one
 item moves together — responses to the same question are not independent draws. The percentile interval of 1000
-replicates is reported; replicates whose statistic is undefined (0 / 0) are dropped.
+replicates is reported; replicates whose statistic is undefined (0 / 0) are dropped. With a single unit there is
+nothing to resample (every replicate is the value itself), so the interval is None rather than a zero-width one that
+would claim certainty: a group of one item's answers says nothing about other items.
 
 Suite-specific metric functions live in each suite's file; this module holds only the machinery they share.
 """
@@ -67,6 +69,8 @@ def bootstrap(units: dict, stat: Callable = ratio, seed: int = 0, n_boot: int = 
     if np.isnan(value):
         return None, None, None
     U = len(ids)
+    if U < 2:
+        return value, None, None
     rng = np.random.default_rng(seed)
     counts = rng.multinomial(U, np.full(U, 1.0 / U), size=n_boot)  # B x U: how often each unit was drawn
     reps = np.asarray(stat(counts @ X), dtype=float)  # B
