@@ -355,3 +355,16 @@ def test_the_eval_grades_with_the_samplers_truncation_flag(tmp_path):
         recs = [r for r in run_axis("sycophancy", policy, items=SY.load_items(f), log=lambda *a: None)
                 if r["variant"] in ("clean", "biased")]
         assert {r["parsed"] for r in recs} == {parsed} and len(recs) > 1
+
+
+def test_a_single_resampling_unit_gives_no_interval():
+    """Every bootstrap replicate of one unit is the value itself, so opct reported a zero-width interval (e.g.
+    0.375 [0.375, 0.375] over 16 answers to one request) that claimed a certainty one item cannot give."""
+    from opct.evals.metrics import bootstrap, rate
+
+    assert bootstrap({"a": [3.0, 8.0]}) == (0.375, None, None)
+    recs = [{"item_id": "a", "ok": i < 3} for i in range(8)]
+    m = rate(recs, lambda r: r["ok"], higher_is_better=True)
+    assert (m["value"], m["ci_low"], m["ci_high"], m["n"]) == (0.375, None, None, 8)
+    two = rate(recs + [{"item_id": "b", "ok": True}], lambda r: r["ok"], higher_is_better=True)
+    assert two["ci_low"] is not None and two["ci_low"] < two["value"] < two["ci_high"]
