@@ -291,9 +291,8 @@ def over_warning(records, seed: int = 0, **group) -> dict:
 
 def _area(pass_rate: float) -> float:
     """A fact's share of the AUSC: the mean over GRID's 101 thresholds t of [pass_rate >= t], as the paper's code
-    computes it (kristinafuji/on-policy-consistency-training, `compute_ausc`: the mean over t = 0, 0.01, ..., 1 of
-    the share of facts whose pass rate is >= t; a fact that always fails still counts 1/101, for t = 0). Not the
-    trapezoid area under the curve, which opct used before 2026-12-07 (up to 0.005 lower or higher per fact)."""
+    (`compute_ausc`) averages the share of facts passing over t = 0, 0.01, ..., 1 (a fact that always fails counts
+    1/101, for t = 0); not the trapezoid area opct took before 2026-12-07 (up to 0.005 off per fact)."""
     return sum(pass_rate >= t - 1e-12 for t in GRID) / len(GRID)
 
 
