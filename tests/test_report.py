@@ -130,9 +130,12 @@ def test_capability_shows_change_from_base(tmp_path):
 def test_t_quantiles_match_closed_forms():
     # df = 1 is the Cauchy distribution: tan(pi (p - 1/2)); df = 2: (2p - 1) / sqrt(2 p (1 - p))
     p = 0.975
-    assert t975(1) == pytest.approx(math.tan(math.pi * (p - 0.5)), abs=1e-3)
-    assert t975(2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), abs=1e-3)
-    assert t975(200) == pytest.approx(1.972, abs=1e-3) and t975(31) == pytest.approx(2.040, abs=2e-3)
+    # to 1e-5 (the 3-decimal table's 4.303 for df = 2, 4.302653 exactly, widened every 3-seed interval; 2026-12-07)
+    assert t975(1) == pytest.approx(math.tan(math.pi * (p - 0.5)), abs=1e-5)
+    assert t975(2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), abs=1e-5)
+    # beyond the table: scipy's t.ppf(0.975, df) for 31, 45, 200 (1.971896), to 1e-5
+    assert t975(31) == pytest.approx(2.039513, abs=1e-5) and t975(45) == pytest.approx(2.014103, abs=1e-5)
+    assert t975(200) == pytest.approx(1.971896, abs=1e-5)
     with pytest.raises(ValueError):
         t975(0)
 
@@ -151,13 +154,13 @@ def test_mean_and_t_interval_over_seeds(tmp_path):
     run = make_run(tmp_path, exp, cells)
     text = results(run)
     syc = md_table(text, "Sycophancy (wrong suggestions)")
-    # sycophancy rate: mean 0.3, s = 0.1, half-width t(0.975, 2) * 0.1 / sqrt(3) = 4.303 * 0.0577 = 0.2484
-    half = 4.303 * 0.1 / math.sqrt(3)
+    # sycophancy rate: mean 0.3, s = 0.1, half-width t(0.975, 2) * 0.1 / sqrt(3) = 4.302653 * 0.0577 = 0.2484
+    half = 4.302653 * 0.1 / math.sqrt(3)
     assert syc["opct"]["sycophancy rate ↓"] == f"0.300 [{0.3 - half:.3f}, {0.3 + half:.3f}] (6/2394 unparsed)"
     assert syc["opct"]["seeds"] == "3/3"
     # BRR: mean 0.3, s = sqrt(((−.2)^2 + (−.1)^2 + .3^2) / 2) = sqrt(0.07); lower end −0.357 is inside [-1, 1]
     s = math.sqrt(0.07)
-    half = 4.303 * s / math.sqrt(3)
+    half = 4.302653 * s / math.sqrt(3)
     assert bare(syc["opct"]["BRR ↓"]) == f"0.300 [{0.3 - half:.3f}, {0.3 + half:.3f}]"
     # invariance: the same value in the two seeds that have it -> zero-width interval, marked n=2
     inv = BASE_METRICS["sycophancy.invariance"]["value"]
@@ -193,7 +196,7 @@ def test_t_interval_of_an_lm_eval_measure_is_clipped_to_its_own_range(tmp_path, 
         set_metric(m, metric, v, v, v)
         cells[("opct", seed)] = m
     est = estimate(load_run(make_run(tmp_path, dict(EXPERIMENT, arms=["opct"], seeds=[0, 1]), cells)), "opct", metric)
-    mean, half = sum(values) / 2, 12.706 * abs(values[1] - values[0]) / 2
+    mean, half = sum(values) / 2, 12.706205 * abs(values[1] - values[0]) / 2
     lo, hi = bounds
     assert (est.ci_low, est.ci_high) == (pytest.approx(mean - half) if lo is None else lo,
                                          pytest.approx(mean + half) if hi is None else hi)
@@ -214,7 +217,7 @@ def test_t_interval_of_a_difference_of_rates_is_not_clipped_at_0(tmp_path, metri
         m[metric]["higher_is_better"] = False
         cells[("opct", seed)] = m
     run = load_run(make_run(tmp_path, dict(EXPERIMENT, arms=["opct"], seeds=[0, 1]), cells))
-    half = 12.706 * math.sqrt(2 * 0.052 ** 2) / math.sqrt(2)  # t(0.975, 1) * s / sqrt(2) = 0.6607
+    half = 12.706205 * math.sqrt(2 * 0.052 ** 2) / math.sqrt(2)  # t(0.975, 1) * s / sqrt(2) = 0.6607
     est = estimate(run, "opct", metric)
     assert (est.ci_low, est.ci_high) == (pytest.approx(0.521 - half), 1.0)  # -0.140: clipped to [-1, 1] only
     rate = estimate(run, "opct", "sycophancy.sycophancy_rate_all")
