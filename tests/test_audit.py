@@ -5,6 +5,7 @@ closed forms, collapse and the findings' verdicts on hand-made results, one grid
 organism, and user errors."""
 
 import json
+import os
 import random
 
 import numpy as np
@@ -504,6 +505,24 @@ def test_one_cell_end_to_end_and_resume(test_organism, tmp_path):
     md = paths["md"].read_text()
     assert "unparsed before -> after" in md and "collapse" in md and "The paper's findings" in md
     assert "<img" in paths["html"].read_text() and paths["html"].read_text().startswith("<!DOCTYPE html>")
+
+    # One report writer at a time: while another holds OUT's report lock, write_report waits (two writers could
+    # leave one's results.md beside the other's report.html; 2026-12-07).
+    import fcntl
+    import threading
+
+    from opct.audit.report import REPORT_LOCK
+
+    paths["md"].unlink()
+    fd = os.open(out / REPORT_LOCK, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    writer = threading.Thread(target=write_report, args=(out,))
+    writer.start()
+    writer.join(1.0)
+    assert writer.is_alive() and not paths["md"].exists()
+    os.close(fd)
+    writer.join(60)
+    assert not writer.is_alive() and paths["md"].exists()
 
     run_audit(cfg, log=lambda m: None)  # resume: nothing left to do
     assert len((out / "results.jsonl").read_text().splitlines()) == 3

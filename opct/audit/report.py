@@ -12,6 +12,8 @@ OUT/report.html (opct/audit/render.py).
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 from opct.audit import diagnostic as D
@@ -168,14 +170,37 @@ def summarise(out) -> dict:
     return summary
 
 
+REPORT_LOCK = ".opct-report.lock"
+
+
+@contextmanager
+def _one_writer(out: Path):
+    """Hold OUT/.opct-report.lock (an flock, waited for) while the report is summarised and written. The report may
+    be rebuilt beside a running audit (`--report-only`), so it does not take the audit's own lock; but two writers
+    (two `--report-only`, or one and the audit's own report at its end) each wrote their files atomically yet could
+    leave one's results.md beside the other's report.html, from results.jsonl read at two moments (2026-12-07)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): unserialised, as before
+        yield
+        return
+    fd = os.open(out / REPORT_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
 def write_report(out) -> dict:
     from opct.audit.render import html_report, markdown
 
     out = Path(out)
-    summary = summarise(out)
-    write_json_atomic(out / "summary.json", summary)
-    md = markdown(summary)
-    write_atomic(out / "results.md", md)
-    write_atomic(out / "report.html", html_report(summary, md))
+    with _one_writer(out):
+        summary = summarise(out)
+        write_json_atomic(out / "summary.json", summary)
+        md = markdown(summary)
+        write_atomic(out / "results.md", md)
+        write_atomic(out / "report.html", html_report(summary, md))
     return {"results": out / "results.jsonl", "md": out / "results.md", "html": out / "report.html",
             "summary": out / "summary.json", "splits": out / "splits.json"}
