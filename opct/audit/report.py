@@ -184,6 +184,9 @@ def _one_writer(out: Path):
     except ImportError:  # no flock (Windows): unserialised, as before
         yield
         return
+    if not out.is_dir():  # nothing to report: summarise names what is missing
+        yield
+        return
     fd = os.open(out / REPORT_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
