@@ -826,7 +826,7 @@ def test_a_report_or_a_probe_into_a_run_another_process_holds_is_refused(tmp_pat
             f"opct: error: {run}: experiment in use by another opct process (pid {pid}); wait for it to finish")
         assert cli_error(capsys, ["report", str(study)]) == (
             f"opct: error: {study}: threats run in use by another opct process (pid {holders[1].pid}); wait for it "
-            f"to finish")
+            f"to finish, or write the report elsewhere with --out DIR")
         out = tmp_path / "elsewhere"
         assert main(["report", str(run), "--out", str(out)]) == 0  # the run is only read
         assert (out / "results.md").exists()

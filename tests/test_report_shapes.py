@@ -187,6 +187,48 @@ def test_robustness_run_files_of_the_wrong_shape(tmp_path, capsys, where, value,
     assert cli_error(capsys, ["report", str(root)]) == f"opct: error: {root}/{expected}"
 
 
+# ------------------------------------------------------------------------------------------ a running study run
+
+def _files(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("make, kind, what, aggregate", [
+    (_threats, "threats", "threats run", "cross_threat.json"),
+    (_robustness, "robustness", "robustness study", "robustness.json")])
+def test_a_running_study_run_is_reported_with_out_and_only_read(tmp_path, capsys, make, kind, what, aggregate):
+    """Before: `opct report RUN` on a threats or robustness run held the run directory's lock (the one `opct run
+    FILE` holds), so a running one could not be reported at all, and `--out` was refused ("a {kind} run's report is
+    written into its own directory"). Now `--out DIR` reads the run only (no lock, nothing written into it: no
+    rows.json, no aggregate) and writes the aggregate, results.md and report.html into DIR; without --out the
+    refusal names --out DIR."""
+    from test_report import _hold
+
+    from opct.cli import main
+
+    root = make(tmp_path)
+    (root / ".opct.lock").touch()  # as `opct run` leaves it
+    before = _files(root)
+    holder = _hold(root)
+    try:
+        assert cli_error(capsys, ["report", str(root)]) == (
+            f"opct: error: {root}: {what} in use by another opct process (pid {holder.pid}); wait for it to finish, "
+            f"or write the report elsewhere with --out DIR")
+        out = tmp_path / "elsewhere"
+        assert main(["report", str(root), "--out", str(out)]) == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    assert {aggregate, "results.md", "report.html"} <= set(_files(out))
+    assert json.loads((out / aggregate).read_text())  # the aggregate the report was built from
+    assert str(root) in (out / "report.html").read_text()
+    after = _files(root)
+    after[".opct.lock"] = before[".opct.lock"]  # the holder wrote its pid there, as `opct run` does
+    assert after == before
+    assert cli_error(capsys, ["report", str(root), "--out", str(make(tmp_path / "other"))]).startswith(
+        f"opct: error: {tmp_path / 'other'}/")  # --out into another run directory is refused (`_check_out`)
+
+
 # ------------------------------------------------------------------------------------------ audits
 
 def _measure(**over):

@@ -92,12 +92,17 @@ def _check_out(run, out) -> None:
 
 
 def _study_report(args, kind: str, aggregate, build) -> int:
-    """A robustness or threats run: aggregate its rows again and rebuild the report in its own directory, under the
-    lock `opct run FILE` holds (`_writing`)."""
+    """A robustness or threats run: aggregate its rows again and rebuild the report, in its own directory under the
+    lock `opct run FILE` holds (`_writing`), or with --out in DIR under DIR's lock, the run only read (so a running
+    run reports, its unfinished cells listed)."""
+    run = Path(args.run)
     if args.out:
-        raise OpctError(f"--out: a {kind} run's report is written into its own directory")
-    with _writing(Path(args.run), KINDS[kind]):
-        aggregate(Path(args.run))
-        html, md = build(args.run)
+        _check_out(run, Path(args.out))
+        where = _writing(Path(args.out), "report folder", "choose another --out", new=True)
+    else:
+        where = _writing(run, KINDS[kind], "write the report elsewhere with --out DIR")
+    with where:
+        aggregate(run, Path(args.out) if args.out else None)
+        html, md = build(run, args.out)
     print(f"opct report: {md} and {html}")
     return 0

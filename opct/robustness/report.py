@@ -126,9 +126,11 @@ NOTE = ("Each cell: the mean over seeds with a 95% Student-t interval over seeds
         "not be parsed, summed over seeds (N counts every answer the metric read, parsed or not).")
 
 
-def build(root) -> tuple[Path, Path]:
+def build(root, out=None) -> tuple[Path, Path]:
+    """Reads the run `root` and the aggregate in `out` (default `root`), and writes the report into `out`."""
     root = Path(root)
-    data = read_json(root / "robustness.json", "robustness results")
+    out = Path(out or root)
+    data = read_json(out / "robustness.json", "robustness results")
     settings, rows, seconds = load_rows(root)  # each finished cell's rows.json, read once and checked
     agg, seeds = data["rows"], len(settings.get("seeds", []))
     md = [f"# Robustness: {markdown.text(settings.get('name', root.name))}", "", *markdown.facts([
@@ -160,7 +162,7 @@ def build(root) -> tuple[Path, Path]:
     times = _times(settings, seconds)
     md += ["## Cells", "", markdown.table(["study", "seed", "seconds"], times), ""]
     html_secs.append(("Cells", [page.table_html(["study", "seed", "seconds"], times)]))
-    md_path, html_path = root / "results.md", root / "report.html"
+    md_path, html_path = out / "results.md", out / "report.html"
     write_atomic(md_path, "\n".join(md).rstrip() + "\n")
     write_atomic(html_path, page.page(f"opct robustness: {settings.get('name')}", html_secs))
     return html_path, md_path

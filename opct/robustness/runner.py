@@ -322,9 +322,10 @@ def read_cell(root: Path, name: str, seed: int) -> dict | None:
     return read_checked(d / "rows.json", "study rows", CELL_SHAPE)
 
 
-def write_aggregate(root: Path) -> list[dict]:
+def write_aggregate(root: Path, out: Path | None = None) -> list[dict]:
+    """robustness.json into `out` (default the run `root`, which is only read otherwise: `opct report --out`)."""
     settings, rows, _ = load_rows(root)
     agg = [r for name in rows for r in aggregate(rows[name])]
-    write_json_atomic(root / "robustness.json", {"settings": {k: v for k, v in settings.items() if k != "studies"},
+    write_json_atomic(Path(out or root) / "robustness.json", {"settings": {k: v for k, v in settings.items() if k != "studies"},
                                                  "rows": agg}, indent=1)
     return agg

@@ -157,12 +157,13 @@ def build_matrix(root: Path) -> dict:
                 "train": settings.get("train"), "eval": settings.get("eval")}, "seconds": seconds}
 
 
-def write_matrix(root) -> dict:
-    """cross_threat.json (without the per-seed rows) and each seed's rows.json; returns the matrix."""
+def write_matrix(root, out=None) -> dict:
+    """cross_threat.json (without the per-seed rows) and each seed's rows.json; returns the matrix. With `out` (`opct
+    report --out`) the run is only read: cross_threat.json goes into `out`, and no rows.json is written."""
     root = Path(root)
     m = build_matrix(root)
     for s, rows in m.pop("per_seed").items():
-        if (root / f"seed{s}").is_dir():
+        if out is None and (root / f"seed{s}").is_dir():
             write_json_atomic(root / f"seed{s}" / "rows.json", {"seed": s, "rows": rows}, indent=1)
-    write_json_atomic(root / MATRIX, m, indent=1)
+    write_json_atomic(Path(out or root) / MATRIX, m, indent=1)
     return m

@@ -152,9 +152,11 @@ def heatmap_html(m: dict) -> str:
             f'<tbody>{"".join(trs)}</tbody></table>' + legend)
 
 
-def build(root) -> tuple[Path, Path]:
+def build(root, out=None) -> tuple[Path, Path]:
+    """Reads the run `root` and the aggregate in `out` (default `root`), and writes the report into `out`."""
     root = Path(root)
-    m = read_json(root / "cross_threat.json", "cross-threat matrix")
+    out = Path(out or root)
+    m = read_json(out / "cross_threat.json", "cross-threat matrix")
     s = m.get("settings", {})
     name = str(s.get("name", root.name))
     seeds = ", ".join(map(str, s.get("seeds", [])))
@@ -190,7 +192,7 @@ def build(root) -> tuple[Path, Path]:
                 ("The control against the base model", [page.table_html(ch, cb)]),
                 ("Raw means over seeds", [page.table_html(mh, mb)]),
                 ("Cells (seconds)", [page.table_html(["cell", "seconds"], times)])]
-    md_path, html_path = root / "results.md", root / "report.html"
+    md_path, html_path = out / "results.md", out / "report.html"
     write_atomic(md_path, "\n".join(md).rstrip() + "\n")
     write_atomic(html_path, page.page(f"opct cross-threat matrix: {name}", sections))
     return html_path, md_path
