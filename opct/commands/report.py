@@ -4,7 +4,6 @@ half-finished experiment: the missing cells are listed)."""
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from pathlib import Path
 
 from opct.errors import OpctError
@@ -37,12 +36,7 @@ def _report(args) -> int:
 
         return _study_report(args, "robustness", write_aggregate, build)
 
-    if args.out:
-        _check_out(Path(args.run), Path(args.out))
-        where = _writing(Path(args.out), "report folder", "choose another --out", new=True)
-    else:
-        where = _writing(Path(args.run), "experiment", "write the report elsewhere with --out DIR")
-    with where:
+    with _writing(args, "experiment"):
         run = load_run(args.run)
         html, md = build_report(run, args.out)
     print(summary_text(run))
@@ -50,27 +44,15 @@ def _report(args) -> int:
     return 0
 
 
-@contextmanager
-def _writing(out: Path, what: str, instead: str = "", new: bool = False):
-    """Hold the lock of the folder a report is written into (`opct.files.dir_lock`; the run directory's is the one
-    `opct run` holds, `what` as it names it): two reports, or a report and the run it reads, interleaved their
-    results.md and report.html, and could leave a stale report over the run's own (2026-12). A folder that cannot be
-    written (a finished run kept read-only) is refused first, saying what to do `instead`; with `--out` elsewhere the
-    run is only read, so a read-only run directory still reports. A folder that is not there (unless it is `new`: an
-    --out), or a file in its place, is left to the reader and writer, which name it."""
-    from opct.errors import blocking_file, os_problem
-    from opct.files import check_writable, dir_lock
+def _writing(args, what: str):
+    """The lock a report is written under (`opct.report.rundir.writing_into`): the run directory's, the one `opct
+    run` holds (`what`, as it names the run), or with --out that folder's, the run only read."""
+    from opct.report.rundir import writing_into
 
-    if not (out.is_dir() or (new and blocking_file(str(out)) is None)):
-        yield
-        return
-    try:
-        check_writable(out / "results.md")
-    except OSError as e:
-        raise OpctError(f"{out}: cannot write the report: {os_problem(e)}" + (f"; {instead}" if instead else "")) \
-            from None
-    with dir_lock(out, what, instead=instead):
-        yield
+    if args.out:
+        _check_out(Path(args.run), Path(args.out))
+        return writing_into(Path(args.out), "report folder", "choose another --out", new=True)
+    return writing_into(Path(args.run), what, "write the report elsewhere with --out DIR")
 
 
 def _check_out(run, out) -> None:
@@ -92,16 +74,10 @@ def _check_out(run, out) -> None:
 
 
 def _study_report(args, kind: str, aggregate, build) -> int:
-    """A robustness or threats run: aggregate its rows again and rebuild the report, in its own directory under the
-    lock `opct run FILE` holds (`_writing`), or with --out in DIR under DIR's lock, the run only read (so a running
-    run reports, its unfinished cells listed)."""
+    """A robustness or threats run: aggregate its rows again and rebuild the report, in its own directory or with
+    --out in DIR, the run only read (so a running run reports, its unfinished cells listed); see `_writing`."""
     run = Path(args.run)
-    if args.out:
-        _check_out(run, Path(args.out))
-        where = _writing(Path(args.out), "report folder", "choose another --out", new=True)
-    else:
-        where = _writing(run, KINDS[kind], "write the report elsewhere with --out DIR")
-    with where:
+    with _writing(args, KINDS[kind]):
         aggregate(run, Path(args.out) if args.out else None)
         html, md = build(run, args.out)
     print(f"opct report: {md} and {html}")

@@ -108,11 +108,7 @@ def _states(policy, prompts: list, batch_size: int):
 
 def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: bool = True, log=print) -> dict:
     """The probe over a run directory written by `opct run`; returns (and writes RUN/mechanism.json) its result."""
-    from contextlib import nullcontext
-
-    from opct.errors import os_problem
-    from opct.files import check_writable, dir_lock
-    from opct.report.rundir import load_run
+    from opct.report.rundir import load_run, writing_into
 
     if not isinstance(n, int) or isinstance(n, bool) or n < MIN_PROMPTS:
         raise OpctError(f"--n: must be an integer >= {MIN_PROMPTS} (got {n!r}): {_WHY_THREE}")
@@ -124,13 +120,7 @@ def compute(run_dir, arms=None, n: int = 64, batch_size: int = 32, progress: boo
     # the probe writes RUN/mechanism.json, which `opct report` reads: under the lock `opct run` and `opct report` take
     # (two probes, or one while the run trains its arms, interleaved; 2026-12), and not for minutes before finding
     # the run directory read-only
-    there = Path(run_dir).is_dir()  # else `load_run` names the problem
-    if there:
-        try:
-            check_writable(Path(run_dir) / "mechanism.json")
-        except OSError as e:
-            raise OpctError(f"{run_dir}: cannot write mechanism.json there: {os_problem(e)}") from None
-    with dir_lock(run_dir, "experiment", instead="") if there else nullcontext():
+    with writing_into(Path(run_dir), "experiment", file="mechanism.json", writes="mechanism.json there"):
         return _probe(load_run(run_dir), arms, n, batch_size, progress)
 
 

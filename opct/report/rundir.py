@@ -15,6 +15,7 @@ but malformed are errors naming the file: a report must not silently drop a resu
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -173,3 +174,28 @@ def eval_failures(eval_dir: Path) -> list[str]:
     from opct.evals.lm_eval_bridge import recorded_errors
 
     return [f"lm-eval task {task} failed ({msg})" for task, msg in recorded_errors(eval_dir).items()]
+
+
+@contextmanager
+def writing_into(out: Path, what: str, instead: str = "", new: bool = False, file: str = "results.md",
+                 writes: str = "the report"):
+    """Hold the lock of the folder a report (or the mechanism probe's `file`) is written into (`opct.files.dir_lock`;
+    the run directory's is the one `opct run` holds, `what` as it names it): two reports, or a report and the run it
+    reads, interleaved their results.md and report.html, and could leave a stale report over the run's own (2026-12).
+    A folder that cannot be written (a finished run kept read-only) is refused first ("cannot write `writes`"), saying
+    what to do `instead`; with `--out` elsewhere the run is only read, so a read-only run directory still reports. A
+    folder that is not there (unless it is `new`: an --out), or a file in its place, is left to the reader and
+    writer, which name it."""
+    from opct.errors import blocking_file, os_problem
+    from opct.files import check_writable, dir_lock
+
+    if not (out.is_dir() or (new and blocking_file(str(out)) is None)):
+        yield
+        return
+    try:
+        check_writable(out / file)
+    except OSError as e:
+        raise OpctError(f"{out}: cannot write {writes}: {os_problem(e)}" + (f"; {instead}" if instead else "")) \
+            from None
+    with dir_lock(out, what, instead=instead):
+        yield
