@@ -161,8 +161,9 @@ def _heatmap(summary: dict, value, title: str) -> str:
     for c in summary["cells"]:
         i, j = orgs.index(c["organism"]), methods.index(c["method"])
         v, label = value(c)
+        text[i][j] = label  # a cell with no value keeps its grey square and says why ("n/a", what was left out)
         if v is not None:
-            grid[i, j], text[i][j] = v, label
+            grid[i, j] = v
     lim = max(0.05, float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 0.05)
     fig, ax = plt.subplots(figsize=(1.5 * len(methods) + 2, 0.9 * len(orgs) + 1.5))
     im = ax.imshow(grid, cmap="RdBu_r", vmin=-lim, vmax=lim)
@@ -177,14 +178,26 @@ def _heatmap(summary: dict, value, title: str) -> str:
 
 
 def _change(key):
+    """A heatmap cell: the change, its interval, and what the interval left out, as the tables say it (`_dropped`:
+    until 2026-12-08 the heatmaps showed an interval over part of the draws as one over all, and a cell with no
+    value as an empty square, without the reason the tables give)."""
     def value(c):
         d = c[key]
+        left = _dropped_short(d)
         if d["value"] is None:
-            return None, ""
+            return None, "n/a" + (f"\n{left}" if left else "")
         ci = f"\n[{num(d['ci_low'], 2, True)},{num(d['ci_high'], 2, True)}]" if d.get("ci_low") is not None else ""
         collapse = "\ncollapse" if key == "change" and c["collapse"] else ""
-        return d["value"], f"{num(d['value'], 2, True)}{ci}{collapse}"
+        return d["value"], f"{num(d['value'], 2, True)}{ci}{collapse}" + (f"\n{left}" if left else "")
     return value
+
+
+def _dropped_short(d) -> str:
+    """`_dropped` in a heatmap cell's few characters: "12/1000 draws undef.", "1 seed non-finite"."""
+    k = (d or {}).get("n_nonfinite") or 0
+    if not k:
+        return ""
+    return f"{k}/{d['n_boot']} draws undef." if d.get("n_boot") else f"{k} seed{'s' if k > 1 else ''} non-finite"
 
 
 def _unparsed(c):
