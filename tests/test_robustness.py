@@ -270,6 +270,10 @@ def _study_file(tmp_path, organism, **over) -> Path:
     return path
 
 
+def adapter_of(cell):
+    return str(cell / "bct-sycophancy" / "train" / "final")
+
+
 def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, tmp_path, capfd):
     from opct.cli import main
     from opct.evals.run import EvalConfig
@@ -299,6 +303,21 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
                      EvalConfig(n=6, max_new_tokens=16, attack=False, progress=False),
                      {"sycophancy": ["suggested_answer"]}, 0, tmp_path / "fresh", print)
     assert again == m and json.loads(done.read_text())["metrics"] == m
+    # another cell's evaluation in this folder (copied: its done.json names the other model or adapter) was read as
+    # this one's until 2026-12-08; now refused, naming the field. A study moved as a whole (the recorded paths gone)
+    # is still read as its own
+    for model, adapter, field in ((str(test_organism), None, "adapter"), (str(tmp_path), adapter_of(cell), "model"),
+                                  (str(test_organism), str(tmp_path / "runs"), "adapter")):
+        with pytest.raises(OpctError, match=rf"fresh/done\.json: {field}: .*copied, moved or linked from another "
+                                            rf"cell.*remove {tmp_path / 'fresh'} to evaluate again"):
+            evaluate(model, adapter, ["sycophancy"], EvalConfig(), {}, 0, tmp_path / "fresh", print)
+    shutil.copytree(adapter_of(cell), tmp_path / "copy")  # the same adapter at another path: the same evaluation
+    assert evaluate(str(test_organism), str(tmp_path / "copy"), ["sycophancy"], EvalConfig(), {}, 0,
+                    tmp_path / "fresh", print) == m
+    moved = {**json.loads(done.read_text()), "adapter": str(tmp_path / "elsewhere" / "train" / "final")}
+    done.write_text(json.dumps(moved))
+    assert evaluate(str(test_organism), adapter_of(cell), ["sycophancy"], EvalConfig(), {}, 0, tmp_path / "fresh",
+                    print) == m
     done.write_text("[1]")
     with pytest.raises(OpctError, match=r"done\.json: .*must be an object"):
         evaluate(str(test_organism), None, ["sycophancy"], EvalConfig(), {}, 0, tmp_path / "fresh", print)

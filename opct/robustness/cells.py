@@ -205,9 +205,7 @@ def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfi
 
     done = out / "done.json"
     if done.exists():  # emptied or cut since (a KeyError, or no metric a study names): evaluated again, resumed
-        from opct.threats.matrix import done_metrics
-
-        if metrics := done_metrics(done, "evaluation"):  # the model and adapter it records are paths: not compared
+        if metrics := _evaluated(done, model_dir, adapter):
             return metrics
     policy = load_policy(model_dir, adapter=adapter, dtype=ec.dtype, device=ec.device, progress=ec.progress)
     metrics: dict = {}
@@ -217,6 +215,33 @@ def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfi
         metrics.update(run_eval(policy, cfg, None, log=lambda m: None, resume="checked"))
     write_json_atomic(done, {"model": model_dir, "adapter": adapter, "metrics": metrics})
     return metrics
+
+
+def _evaluated(done: Path, model_dir: str, adapter: str | None) -> dict | None:
+    """The metrics `done` (an evaluation's done.json, `opct.shapes.read_done`) holds for this model and adapter, or
+    None when they were removed or emptied since. Its `model` and `adapter` are paths; one that differs from this
+    evaluation's marks another cell's evaluation (a folder copied, moved or linked from it), an error, unless it no
+    longer exists (the study moved as a whole: its paths all changed together) or holds the same weights (the same
+    model at another path). Until 2026-12-08 they were type-checked only, so a copied evaluation was read as this
+    one's."""
+    from opct.resume_check import weights_fingerprint
+    from opct.shapes import read_done
+
+    rec = read_done(done, "evaluation")
+    for key, now in (("model", model_dir), ("adapter", adapter)):
+        then = rec[key]
+        if then == now or (then is not None and now is not None and _same_model(then, now, weights_fingerprint)):
+            continue
+        raise OpctError(f"{done}: {key}: {then!r}, but this evaluation is of {now!r}: an evaluation copied, moved "
+                        f"or linked from another cell; put it back, or remove {done.parent} to evaluate again")
+    return rec.get("metrics") or None
+
+
+def _same_model(then: str, now: str, weights_fingerprint) -> bool:
+    if not Path(then).exists() or Path(then).resolve() == Path(now).resolve():
+        return True
+    fingerprint = weights_fingerprint(then)
+    return fingerprint is not None and fingerprint == weights_fingerprint(now)
 
 
 class UnknownMetric(ConfigError):
