@@ -556,3 +556,25 @@ def test_unparsed_answers_reach_the_robustness_report(tmp_path):
         with pytest.raises(OpctError, match=re.escape(needle)):
             bare = {k: v for k, v in rows[0].items() if k not in ("unparsed", "answers")}
             check_rows([{**bare, **bad}], "rows.json")
+
+
+def test_a_studys_rows_are_checked_alike_by_opct_run_and_run_alone():
+    """`opct run` took a study's result given twice (the same study, method, axis, condition, x and metric in one
+    seed: the aggregate then averaged a seed in twice) and a row of another study; a study run alone checked those
+    with asserts, a bare AssertionError traceback. One check now serves both, each problem an OpctError naming the
+    row."""
+    from opct.robustness.runner import check_rows
+    from opct.robustness.standalone import check_rows as alone
+
+    row = {"study": "replay", "method": "opct", "axis": "sycophancy", "condition": "none", "x": 1, "metric": "m",
+           "value": 0.5, "higher_is_better": False}
+    assert check_rows([row, {**row, "x": 2.0}], "study replay", "replay")[0]["x"] == 1.0  # an int x read as a float
+    for check in (lambda rows: check_rows(rows, "study replay", "replay"), lambda rows: alone(rows, "replay")):
+        with pytest.raises(OpctError, match=r"study replay: row 1: the same study, method, axis, condition, x, "
+                                            r"metric as row 0 .*a result given twice"):
+            check([row, {**row, "x": 1.0, "value": 0.25}])
+        with pytest.raises(OpctError, match=r"study replay: row 0: study: 'washout', but the rows are study "
+                                            r"'replay''s"):
+            check([{**row, "study": "washout"}])
+        with pytest.raises(OpctError, match="row 0: value: wrong type"):
+            check([{**row, "value": "high"}])

@@ -96,8 +96,11 @@ def load_robustness(path, args=None, **overrides) -> RobustnessConfig:
     return cfg
 
 
-def check_rows(rows, where: str) -> list[dict]:
-    """A study's rows, checked against the contract (a study bug is reported naming the study)."""
+def check_rows(rows, where: str, study: str | None = None) -> list[dict]:
+    """A study's rows of one seed, checked against the contract (a study bug is reported naming the study): the
+    fields and their types, counts, each row's key (study, method, axis, condition, x, metric) once, and its study
+    `study` when given. (Until 2026-12-08 the runner checked no key twice, and a study run alone checked the rest
+    with asserts, a bare AssertionError traceback: one check now serves both.)"""
     if not isinstance(rows, list):
         raise OpctError(f"{where}: run() must return a list of rows (got {type(rows).__name__})")
     out = []
@@ -120,8 +123,20 @@ def check_rows(rows, where: str) -> list[dict]:
         for k, t in ROW_FIELDS.items():
             if not isinstance(r[k], t) or (t is not bool and isinstance(r[k], bool)):
                 raise OpctError(f"{where}: row {i}: {k}: wrong type ({r[k]!r})")
+        if study is not None and r["study"] != study:
+            raise OpctError(f"{where}: row {i}: study: {r['study']!r}, but the rows are study {study!r}'s")
         out.append(r)
+    seen: dict = {}
+    for i, r in enumerate(out):
+        key = tuple(r[k] for k in ROW_KEY)
+        if key in seen:
+            raise OpctError(f"{where}: row {i}: the same {', '.join(ROW_KEY)} as row {seen[key]} ({key!r}): a result "
+                            f"given twice")
+        seen[key] = i
     return out
+
+
+ROW_KEY = ("study", "method", "axis", "condition", "x", "metric")  # what one row of a seed is the result of
 
 
 # The studies' metrics that are no rate: ratios and counts, whose interval is never clipped (a study adding one lists
@@ -276,7 +291,8 @@ def run_robustness(cfg: RobustnessConfig, log=print) -> Path:
             say(f"{name} seed {seed} ({time.time() - t_start:.0f} s into the run)")
             t0 = time.time()
             try:
-                rows = check_rows(STUDIES[name].run(configs[name], seed, d, lambda m: say(m)), f"study {name}")
+                rows = check_rows(STUDIES[name].run(configs[name], seed, d, lambda m: say(m)), f"study {name}",
+                                 name)
             except UnknownMetric as e:  # a field of the file that only the evaluation could check: named in it
                 raise OpctError(f"{cfg.source}: {e.under(f'studies.{name}')}") from None
             seconds = round(time.time() - t0, 1)
@@ -299,7 +315,7 @@ def load_rows(root: Path) -> tuple[dict, dict[str, dict[int, list[dict]]], dict]
             cell = read_cell(root, name, seed)
             if cell is not None:
                 where = str(root / name / f"seed{seed}" / "rows.json")
-                rows.setdefault(name, {})[seed] = check_rows(cell["rows"], where)
+                rows.setdefault(name, {})[seed] = check_rows(cell["rows"], where, name)
                 seconds[(name, seed)] = cell.get("seconds")
     return settings, rows, seconds
 

@@ -10,27 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
-ROW_KEYS = ("study", "method", "axis", "condition", "x", "metric", "value", "higher_is_better")
+def check_rows(rows: list[dict], study: str) -> list[dict]:
+    """Every row is well-formed (the study contract), of `study`, and its key (study, method, axis, condition, x,
+    metric) unique within the seed: the rows as `opct run` checks them (`opct.robustness.runner.check_rows`), or an
+    OpctError naming the first bad row."""
+    from opct.robustness.runner import check_rows as checked
 
-
-def check_rows(rows: list[dict], study: str) -> None:
-    """Every row is well-formed (the study contract) and its key (study, method, axis, condition, x, metric) is
-    unique within the seed; an AssertionError naming the first bad row otherwise."""
-    keys = [tuple(r.get(k) for k in ROW_KEYS[:6]) for r in rows]
-    assert len(set(keys)) == len(keys), "duplicate row keys"
-    for r in rows:
-        assert set(ROW_KEYS) <= set(r) <= {*ROW_KEYS, "unparsed", "answers"}, f"row keys {sorted(r)}"
-        assert all(isinstance(r[k], int) and 0 <= r[k] for k in ("unparsed", "answers") if k in r), r
-        assert r["study"] == study and isinstance(r["method"], str) and isinstance(r["axis"], str), r
-        assert isinstance(r["condition"], str) and isinstance(r["metric"], str), r
-        assert r["x"] is None or isinstance(r["x"], float), r
-        assert r["value"] is None or (isinstance(r["value"], float) and math.isfinite(r["value"])), r
-        assert isinstance(r["higher_is_better"], bool), r
+    return checked(rows, f"study {study}", study)
 
 
 def t_interval(metric: str, values: list[float]) -> tuple[float, float, float]:
@@ -157,7 +147,7 @@ def main(study_module, argv=None) -> int:
                 got = study_module.run(cfg, seed, out / f"seed{seed}", print)
             except UnknownMetric as e:  # a field of the file that only the evaluation could check: named in it
                 raise OpctError(f"{args.config}: {e.under(prefix)}") from None
-            check_rows(got, name)
+            got = check_rows(got, name)
             rows += got
             print(f"{name} seed {seed}: {len(got)} rows in {time.time() - t0:.0f} s")
         from opct.files import write_atomic
