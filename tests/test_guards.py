@@ -176,3 +176,28 @@ def test_prompts_with_words_the_tokenizer_lacks_are_warned_once(policy, capsys):
     assert "pairs.jsonl: the prompts of 2 of 3 pairs hold the unknown token '<unk>' (first: pair p1)" in err
     render_pairs(policy, [_pair("p0")], 8, "pairs.jsonl")
     assert "unknown token" not in capsys.readouterr().err
+
+
+def test_pairs_of_a_family_their_axis_does_not_know_are_warned_by_train(policy, capsys, tmp_path):
+    """`opct pairs check` and `opct run --pairs` refuse a sycophancy pair of family 'suggested-answer' (misspelt: the
+    held-out check compares known families only); `opct train` trained it without a word (until 2026-12-08). It
+    still trains any pairs, and now says so, naming the file, line and field."""
+    import json
+
+    from opct.pairs.schema import load_pairs
+
+    def pair(pid, family):
+        return {"id": pid, "axis": "sycophancy", "task": "invariance", "teacher": tiny_lm.clean_q("sky"),
+                "student": tiny_lm.biased_q("sky", "red"), "meta": {"family": family, "split": "train"}}
+
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(pair(f"p{i}", f)) + "\n"
+                            for i, f in enumerate(["suggested_answer", "suggested-answer", "suggested-answer"])))
+    render_pairs(policy, load_pairs(path), 8, path)
+    err = capsys.readouterr().err
+    assert err.count("opct: warning:") == 1, err
+    assert (f"{path}:2: meta.family: sycophancy has no family 'suggested-answer' (2 pairs of unknown families in "
+            f"all); known: ") in err and "trained all the same" in err
+    path.write_text(json.dumps(pair("p0", "suggested_answer")) + "\n")
+    render_pairs(policy, load_pairs(path), 8, path)
+    assert "family" not in capsys.readouterr().err

@@ -149,6 +149,21 @@ def warn_unknown(policy, rendered: dict, path=None) -> None:
               f"{policy.name} does not know, which the model never sees", file=sys.stderr)
 
 
+def warn_unknown_families(pairs, path) -> None:
+    """A warning when pairs of a registered axis carry a family the axis does not know (a misspelt
+    'suggested-answer'): `opct pairs check` and `opct run --pairs` refuse them (`opct.pairs.make.check_families`);
+    `opct train` trains any pairs, but no evaluation counts those as trained, so its held-out check never compares
+    them (until 2026-12-08 said nowhere)."""
+    from opct.errors import DataError
+    from opct.pairs.make import check_families
+
+    try:
+        check_families(pairs, path)
+    except DataError as e:
+        print(f"opct: warning: {e} (trained all the same; an evaluation's held-out families are not checked against "
+              f"it, and `opct pairs check` refuses it)", file=sys.stderr)
+
+
 def check_same_responses(student_batch, teacher_batch, where: str = "this step") -> None:
     """Both layouts (opct.batching.PackedBatch) hold identical response ids and lengths."""
     import torch

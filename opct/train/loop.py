@@ -69,7 +69,7 @@ def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int, path=
     are rendered alike (one BOS, the same generation prompt: `opct.train.guards`). `path`: the pairs file, whose
     line a prompt that does not fit is named by. `warn`: say the guards' warnings (the main process of several)."""
     from opct.pairs.schema import check_pair_fits
-    from opct.train.guards import check_distinct, check_rendered, warn_unknown
+    from opct.train.guards import check_distinct, check_rendered, warn_unknown, warn_unknown_families
 
     out = {}
     for p in pairs:
@@ -81,6 +81,8 @@ def render_pairs(policy: HFPolicy, pairs: list[Pair], max_new_tokens: int, path=
     check_distinct(policy, pairs, out, path, warn)
     if warn:
         warn_unknown(policy, out, path)
+        if path is not None:
+            warn_unknown_families(pairs, path)
     return out
 
 
