@@ -393,7 +393,7 @@ def test_the_audit_tables_say_how_many_draws_or_seeds_an_interval_left_out(tmp_p
     line = next(x for x in text.splitlines() if x.startswith(f"| {SC.NAME} | bct "))
     assert "(1 non-finite seed left out)" in line, line
     # the HTML report's heatmaps say the same in their cells (until 2026-12-08 they showed the interval alone)
-    from opct.audit.render import _change
+    from opct.audit.render import _change, _unparsed
 
     by = {c["organism"]: c for c in s["cells"]}
     assert f"{one['n_nonfinite']}/{D.N_BOOT} draws undef." in _change("change")(by[RH.NAME])[1]
@@ -402,6 +402,7 @@ def test_the_audit_tables_say_how_many_draws_or_seeds_an_interval_left_out(tmp_p
     empty = {**by[SC.NAME], "change": {"value": None, "ci_low": None, "ci_high": None, "n_seeds": 0,
                                         "n_nonfinite": 3, "why": "every value is undefined (3 not finite)"}}
     assert _change("change")(empty) == (None, "n/a\n3 seeds non-finite")
+    assert _unparsed({"unparsed_before": None, "unparsed_after": 0.5}) == (None, "n/a")
 
 
 # ------------------------------------------------------------------------------------------ collapse and findings

@@ -314,6 +314,12 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
     shutil.copytree(adapter_of(cell), tmp_path / "copy")  # the same adapter at another path: the same evaluation
     assert evaluate(str(test_organism), str(tmp_path / "copy"), ["sycophancy"], EvalConfig(), {}, 0,
                     tmp_path / "fresh", print) == m
+    # a subject's name recorded (an older done.json) is that subject's model: another model's evaluation is refused
+    named = json.loads(done.read_text())
+    done.write_text(json.dumps({**named, "model": "default"}))
+    with pytest.raises(OpctError, match=r"fresh/done\.json: model: 'default', but this evaluation is of "):
+        evaluate(str(test_organism), adapter_of(cell), ["sycophancy"], EvalConfig(), {}, 0, tmp_path / "fresh", print)
+    done.write_text(json.dumps(named))
     moved = {**json.loads(done.read_text()), "adapter": str(tmp_path / "elsewhere" / "train" / "final")}
     done.write_text(json.dumps(moved))
     assert evaluate(str(test_organism), adapter_of(cell), ["sycophancy"], EvalConfig(), {}, 0, tmp_path / "fresh",
@@ -407,6 +413,10 @@ def test_runner_resumes_an_interrupted_cell_with_identical_rows(test_organism, t
     ({"washout": {"metrics": {"sycophancy": ["sycophancy.brr", "sycophancy.brr[split]"]}}},
      "studies.washout.metrics.sycophancy[1]: the group of 'sycophancy.brr[split]' must read [key=value]"),
     ({"washout": {"model": "x"}}, "model is set by the runner"),
+    # a repeated axis or metric gave each row twice: the seed trained and evaluated, then its rows were refused
+    ({"replay": {"axes": ["sycophancy", "sycophancy"]}}, "studies.replay.axes: must not repeat"),
+    ({"washout": {"metrics": {"sycophancy": ["sycophancy.brr", "sycophancy.brr"]}}},
+     "studies.washout.metrics.sycophancy: must not repeat"),
 ])
 def test_bad_robustness_files_name_the_file_and_the_field(tmp_path, capsys, studies, needle):
     path = tmp_path / "r.yaml"

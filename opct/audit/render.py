@@ -202,7 +202,7 @@ def _dropped_short(d) -> str:
 
 def _unparsed(c):
     if c["unparsed_before"] is None or c["unparsed_after"] is None:
-        return None, ""
+        return None, "n/a"
     d = c["unparsed_after"] - c["unparsed_before"]
     return d, f"{num(c['unparsed_before'], 2)}->{num(c['unparsed_after'], 2)}"
 

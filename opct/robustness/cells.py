@@ -82,6 +82,8 @@ def check_blocks(cfg) -> None:
         if a not in AXES or AXES[a].make_pairs is None:
             pair_axes = [n for n, x in AXES.items() if x.make_pairs is not None]
             raise ConfigError(f"axes[{i}]", f"must be an axis that trains on pairs ({', '.join(pair_axes)}); got {a!r}")
+    if len(set(cfg.axes)) != len(cfg.axes):  # each axis's rows would be given twice (`check_rows` refuses them)
+        raise ConfigError("axes", "must not repeat")
     for a, fams in cfg.trained.items():
         if a not in cfg.axes:
             raise ConfigError(f"trained.{a}", f"not one of the axes ({', '.join(cfg.axes)})")
@@ -104,6 +106,8 @@ def check_blocks(cfg) -> None:
             raise ConfigError(f"metrics.{a}", f"not one of the axes ({', '.join(cfg.axes)})")
         if not names:
             raise ConfigError(f"metrics.{a}", "must name at least one metric")
+        if len(set(names)) != len(names):
+            raise ConfigError(f"metrics.{a}", "must not repeat")
         for j, n in enumerate(names):
             if not n.startswith(a + "."):
                 raise ConfigError(f"metrics.{a}[{j}]", f"must be a metric of the {a} axis ({a}.NAME[GROUP]); got {n!r}")
@@ -219,26 +223,32 @@ def evaluate(model_dir: str, adapter: str | None, axes: list[str], ec: EvalConfi
 
 def _evaluated(done: Path, model_dir: str, adapter: str | None) -> dict | None:
     """The metrics `done` (an evaluation's done.json, `opct.shapes.read_done`) holds for this model and adapter, or
-    None when they were removed or emptied since. Its `model` and `adapter` are paths; one that differs from this
-    evaluation's marks another cell's evaluation (a folder copied, moved or linked from it), an error, unless it no
-    longer exists (the study moved as a whole: its paths all changed together) or holds the same weights (the same
-    model at another path). Until 2026-12-08 they were type-checked only, so a copied evaluation was read as this
-    one's."""
-    from opct.resume_check import weights_fingerprint
+    None when they were removed or emptied since (evaluated again). Its `model` and `adapter` name directories (or a
+    subject); one that differs from this evaluation's marks another cell's evaluation (a folder copied, moved or
+    linked from it), an error, unless it no longer exists (the study moved as a whole: its paths all changed
+    together) or holds the same weights (the same model at another path). Until 2026-12-08 they were type-checked
+    only, so a copied evaluation was read as this one's."""
     from opct.shapes import read_done
 
     rec = read_done(done, "evaluation")
+    if not rec.get("metrics"):
+        return None
     for key, now in (("model", model_dir), ("adapter", adapter)):
         then = rec[key]
-        if then == now or (then is not None and now is not None and _same_model(then, now, weights_fingerprint)):
+        if then == now or (then is not None and now is not None and _same_model(then, now)):
             continue
         raise OpctError(f"{done}: {key}: {then!r}, but this evaluation is of {now!r}: an evaluation copied, moved "
                         f"or linked from another cell; put it back, or remove {done.parent} to evaluate again")
-    return rec.get("metrics") or None
+    return rec["metrics"]
 
 
-def _same_model(then: str, now: str, weights_fingerprint) -> bool:
-    if not Path(then).exists() or Path(then).resolve() == Path(now).resolve():
+def _same_model(then: str, now: str) -> bool:
+    """Whether the model or adapter `then` (recorded) is `now`: the same directory, or the same weights; or `then`
+    is gone (no directory and no subject of that name)."""
+    from opct.resume_check import _model_folder, weights_fingerprint
+
+    was = _model_folder(then)
+    if was is None or was.resolve() == (_model_folder(now) or Path(now)).resolve():
         return True
     fingerprint = weights_fingerprint(then)
     return fingerprint is not None and fingerprint == weights_fingerprint(now)

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+
 def check_rows(rows: list[dict], study: str) -> list[dict]:
     """Every row is well-formed (the study contract), of `study`, and its key (study, method, axis, condition, x,
     metric) unique within the seed: the rows as `opct run` checks them (`opct.robustness.runner.check_rows`), or an
