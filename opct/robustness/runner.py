@@ -103,7 +103,7 @@ def check_rows(rows, where: str, study: str | None = None) -> list[dict]:
     with asserts, a bare AssertionError traceback: one check now serves both.)"""
     if not isinstance(rows, list):
         raise OpctError(f"{where}: run() must return a list of rows (got {type(rows).__name__})")
-    out = []
+    out, seen = [], {}
     for i, r in enumerate(rows):
         if not isinstance(r, dict) or not set(ROW_FIELDS) <= set(r) <= {*ROW_FIELDS, *COUNT_FIELDS}:
             raise OpctError(f"{where}: row {i}: must have exactly the keys {', '.join(ROW_FIELDS)} (and optionally "
@@ -125,14 +125,12 @@ def check_rows(rows, where: str, study: str | None = None) -> list[dict]:
                 raise OpctError(f"{where}: row {i}: {k}: wrong type ({r[k]!r})")
         if study is not None and r["study"] != study:
             raise OpctError(f"{where}: row {i}: study: {r['study']!r}, but the rows are study {study!r}'s")
-        out.append(r)
-    seen: dict = {}
-    for i, r in enumerate(out):
         key = tuple(r[k] for k in ROW_KEY)
         if key in seen:
             raise OpctError(f"{where}: row {i}: the same {', '.join(ROW_KEY)} as row {seen[key]} ({key!r}): a result "
                             f"given twice")
         seen[key] = i
+        out.append(r)
     return out
 
 
@@ -342,6 +340,6 @@ def write_aggregate(root: Path, out: Path | None = None) -> list[dict]:
     """robustness.json into `out` (default the run `root`, which is only read otherwise: `opct report --out`)."""
     settings, rows, _ = load_rows(root)
     agg = [r for name in rows for r in aggregate(rows[name])]
-    write_json_atomic(Path(out or root) / "robustness.json", {"settings": {k: v for k, v in settings.items() if k != "studies"},
-                                                 "rows": agg}, indent=1)
+    kept = {k: v for k, v in settings.items() if k != "studies"}
+    write_json_atomic(Path(out or root) / "robustness.json", {"settings": kept, "rows": agg}, indent=1)
     return agg
